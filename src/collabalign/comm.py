@@ -1,0 +1,98 @@
+"""What crosses between parties: `Message` (named arrays + small metadata) with exact wire bytes,
+and the `Ledger` that counts them per round, client and direction.
+
+Wire format: a safetensors file whose ``__metadata__`` holds ``{"meta": <compact JSON>}``.
+`Message.nbytes` is the length of exactly that serialisation; the Flower adapter sends the same bytes.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
+
+_META_KEY = "meta"
+
+
+class Message(Mapping[str, np.ndarray]):
+    """An ordered, immutable mapping name -> numpy array plus a JSON-able metadata dict."""
+
+    def __init__(self, arrays: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None):
+        self._arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in (arrays or {}).items()}
+        self.meta = dict(meta or {})
+        self._wire: bytes | None = None
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self._arrays[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._arrays)
+
+    def __len__(self) -> int:
+        return len(self._arrays)
+
+    def __repr__(self) -> str:
+        shapes = {k: tuple(v.shape) for k, v in self._arrays.items()}
+        return f"Message({shapes}, meta={self.meta}, nbytes={self.nbytes})"
+
+    def serialise(self) -> bytes:
+        """The exact bytes sent on the wire (cached: a Message is not modified after creation)."""
+        if self._wire is None:
+            meta = json.dumps(self.meta, sort_keys=True, separators=(",", ":"))
+            self._wire = st_save(self._arrays, metadata={_META_KEY: meta})
+        return self._wire
+
+    @property
+    def nbytes(self) -> int:
+        """Size of `serialise()`: arrays' bytes plus the safetensors header with the metadata."""
+        return len(self.serialise())
+
+    @classmethod
+    def deserialise(cls, data: bytes) -> Message:
+        """Inverse of `serialise`; keeps array order as stored (safetensors sorts names)."""
+        header_len = int.from_bytes(data[:8], "little")
+        header = json.loads(data[8 : 8 + header_len])
+        meta = json.loads(header.get("__metadata__", {}).get(_META_KEY, "{}"))
+        return cls(st_load(data), meta)
+
+
+@dataclass
+class Ledger:
+    """Bytes per (round, client, direction); direction is 'down' (server->client) or 'up'."""
+
+    rows: list[tuple[int, str, str, int]] = field(default_factory=list)
+
+    def record(self, round_: int, client: str, direction: str, nbytes: int) -> None:
+        if direction not in ("down", "up"):
+            raise ValueError(f"direction must be 'down' or 'up', got {direction!r}")
+        self.rows.append((int(round_), str(client), direction, int(nbytes)))
+
+    def total(self, direction: str | None = None, round_: int | None = None) -> int:
+        return sum(
+            b for r, _, d, b in self.rows if (direction is None or d == direction) and (round_ is None or r == round_)
+        )
+
+    def per_round(self) -> dict[int, dict[str, int]]:
+        """{round: {"down": bytes, "up": bytes}}."""
+        out: dict[int, dict[str, int]] = {}
+        for r, _, d, b in self.rows:
+            out.setdefault(r, {"down": 0, "up": 0})[d] += b
+        return out
+
+    def write_csv(self, path: str | Path) -> None:
+        from collabalign.runs import atomic_write_text
+
+        lines = ["round,client,direction,bytes"] + [f"{r},{c},{d},{b}" for r, c, d, b in self.rows]
+        atomic_write_text(path, "\n".join(lines) + "\n")
+
+    @classmethod
+    def read_csv(cls, path: str | Path) -> Ledger:
+        with open(path, newline="") as f:
+            return cls([(int(r["round"]), r["client"], r["direction"], int(r["bytes"])) for r in csv.DictReader(f)])

@@ -1,0 +1,81 @@
+"""Run directories: config snapshot (+ versions, git hash), metrics.jsonl, ledger.csv, summary.json,
+plots/ and report.md. Every file is written atomically (temp file + rename)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+VERDICTS = ("reproduced", "not reproduced", "inconclusive")
+_TRACKED_PACKAGES = ("torch", "numpy", "transformers", "peft", "flwr", "pydantic")
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """Writes `text` so that readers see either the old file or the whole new one."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def environment() -> dict[str, Any]:
+    """Package versions and the git commit of the working tree (None outside a repo)."""
+    versions = {}
+    for name in _TRACKED_PACKAGES:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    try:
+        git = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).parent).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        git = None
+    return {"versions": versions, "git": git}
+
+
+def claim(name: str, verdict: str, measured: dict[str, Any], expected: str) -> dict[str, Any]:
+    """One claim as every experiment reports it."""
+    if verdict not in VERDICTS:
+        raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
+    return {"name": name, "verdict": verdict, "measured": measured, "expected": expected}
+
+
+class RunDir:
+    """One experiment's output folder."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+        (self.path / "plots").mkdir(exist_ok=True)
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        snapshot = {"config": config, "environment": environment()}
+        atomic_write_text(self.path / "config.yaml", yaml.safe_dump(snapshot, sort_keys=False))
+
+    def write_metrics(self, records: list[dict[str, Any]]) -> None:
+        """metrics.jsonl: deterministic content only (no timings), so equal seeds give equal bytes."""
+        lines = [json.dumps(r, sort_keys=True) for r in records]
+        atomic_write_text(self.path / "metrics.jsonl", "".join(line + "\n" for line in lines))
+
+    def read_metrics(self) -> list[dict[str, Any]]:
+        text = (self.path / "metrics.jsonl").read_text()
+        return [json.loads(line) for line in text.splitlines() if line]
+
+    def write_summary(self, claims: list[dict[str, Any]], metrics: dict[str, Any]) -> None:
+        atomic_write_text(self.path / "summary.json", json.dumps({"claims": claims, "metrics": metrics}, indent=2))
+
+    def read_summary(self) -> dict[str, Any]:
+        return json.loads((self.path / "summary.json").read_text())
+
+    def write_json(self, name: str, data: Any) -> None:
+        atomic_write_text(self.path / name, json.dumps(data, indent=2, sort_keys=True))

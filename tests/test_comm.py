@@ -1,0 +1,46 @@
+import numpy as np
+import pytest
+
+from collabalign.comm import Ledger, Message
+
+
+def test_nbytes_is_length_of_serialisation_and_round_trips():
+    msg = Message(
+        {"B": np.arange(12, dtype=np.float32).reshape(3, 4), "idx": np.array([0, 5, 7], dtype=np.int64)},
+        meta={"round": 3, "note": "héllo"},
+    )
+    wire = msg.serialise()
+    assert msg.nbytes == len(wire)
+    # arrays' raw bytes are a lower bound; the header is small
+    raw = 12 * 4 + 3 * 8
+    assert raw < msg.nbytes < raw + 256
+    back = Message.deserialise(wire)
+    assert back.meta == {"round": 3, "note": "héllo"}
+    np.testing.assert_array_equal(back["B"], msg["B"])
+    assert back["idx"].dtype == np.int64
+
+
+def test_nbytes_grows_exactly_with_array_bytes():
+    a = Message({"x": np.zeros(10, np.float32)})
+    b = Message({"x": np.zeros(1010, np.float32)})
+    # safetensors header only changes in the digits of the offsets
+    assert 4000 <= b.nbytes - a.nbytes <= 4008
+
+
+def test_empty_message():
+    msg = Message()
+    assert msg.nbytes == len(msg.serialise()) > 0
+    assert Message.deserialise(msg.serialise()).meta == {}
+
+
+def test_ledger_totals_and_csv(tmp_path):
+    led = Ledger()
+    led.record(0, "c0", "down", 100)
+    led.record(0, "c0", "up", 10)
+    led.record(1, "c1", "up", 7)
+    assert led.total() == 117 and led.total("up") == 17 and led.total(round_=0) == 110
+    assert led.per_round() == {0: {"down": 100, "up": 10}, 1: {"down": 0, "up": 7}}
+    led.write_csv(tmp_path / "l.csv")
+    assert Ledger.read_csv(tmp_path / "l.csv").rows == led.rows
+    with pytest.raises(ValueError, match="direction"):
+        led.record(0, "c0", "sideways", 1)
