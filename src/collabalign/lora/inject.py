@@ -1,0 +1,70 @@
+"""Puts `LoRALinear` into any torch / Hugging Face module by target names, and routes parties and ranks."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from collabalign.lora.layer import LoRALinear
+
+
+def matches(name: str, targets: list[str]) -> bool:
+    """A module name matches a target if equal, if it ends with '.target', or if the target regex fullmatches it."""
+    return any(name == t or name.endswith("." + t) or re.fullmatch(t, name) for t in targets)
+
+
+def inject_lora(model: nn.Module, targets: list[str], rank: int, alpha: float | None = None,
+                parties_a: int | None = None, parties_b: int | None = None, dropout: float = 0.0,
+                generator: torch.Generator | None = None) -> dict[str, LoRALinear]:
+    """Replaces every nn.Linear whose name matches `targets` with a LoRALinear; freezes the whole base model.
+
+    Returns {module name: layer} in model order. Raises if nothing matched, listing some linear names.
+    """
+    for p in model.parameters():
+        p.requires_grad_(False)
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
+    chosen = [(n, m) for n, m in linears if matches(n, targets)]
+    if not chosen:
+        sample = ", ".join(n for n, _ in linears[:8])
+        raise ValueError(f"no linear layer matches targets {targets}; linear layers include: {sample}")
+    layers = {}
+    for name, linear in chosen:
+        layer = LoRALinear(linear, rank, alpha, parties_a, parties_b, dropout)
+        layer.reset_parameters(generator)
+        parent_name, _, child = name.rpartition(".")
+        setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
+        layers[name] = layer
+    return layers
+
+
+def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
+    """{name: LoRALinear} for every injected layer, in model order."""
+    return {n: m for n, m in model.named_modules() if isinstance(m, LoRALinear)}
+
+
+def lora_parameters(model: nn.Module) -> dict[str, Tensor]:
+    """{'<layer>.A': A, '<layer>.B': B} for every LoRA layer (the trainable adapter state)."""
+    out = {}
+    for name, layer in lora_layers(model).items():
+        out[f"{name}.A"] = layer.A
+        out[f"{name}.B"] = layer.B
+    return out
+
+
+@contextmanager
+def routed(model: nn.Module, party: Tensor | int | None = None,
+           rank_idx: Tensor | dict[str, Tensor] | None = None) -> Iterator[None]:
+    """Within the block every LoRA layer uses `party` and `rank_idx` (one subset, or one per layer name)."""
+    layers = lora_layers(model)
+    before = {n: (m.party, m.rank_idx) for n, m in layers.items()}
+    for name, layer in layers.items():
+        layer.route(party, rank_idx.get(name) if isinstance(rank_idx, dict) else rank_idx)
+    try:
+        yield
+    finally:
+        for name, layer in layers.items():
+            layer.route(*before[name])

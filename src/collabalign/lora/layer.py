@@ -1,0 +1,137 @@
+"""`LoRALinear`: a frozen linear map W0 plus ``scale * B @ A`` where each factor is shared or per-party.
+
+- Shared factors: A (r, in), B (out, r). Per-party factors carry a leading party dimension:
+  A (P, r, in), B (P, out, r). The forward routes each sample to its party's factors (one gather,
+  one batched matmul), so a mixed-party batch is a single pass.
+- A rank subset ``rank_idx`` (k indices) makes the forward use only A[idx], B[:, idx] with the r/k
+  factor (scale alpha/r * r/k), so compute and gradients cost O(k): sliced, never masked.
+Routing is set on the layer (`route`) because Hugging Face forwards cannot carry extra arguments.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+
+class LoRALinear(nn.Module):
+    def __init__(self, base: nn.Linear, rank: int, alpha: float | None = None, parties_a: int | None = None,
+                 parties_b: int | None = None, dropout: float = 0.0):
+        super().__init__()
+        if rank < 1:
+            raise ValueError(f"rank must be >= 1, got {rank}")
+        self.base = base
+        for p in base.parameters():
+            p.requires_grad_(False)
+        self.rank = rank
+        self.alpha = float(alpha if alpha is not None else rank)
+        out_f, in_f = base.out_features, base.in_features
+        shape_a = (rank, in_f) if parties_a is None else (parties_a, rank, in_f)
+        shape_b = (out_f, rank) if parties_b is None else (parties_b, out_f, rank)
+        w = base.weight
+        self.A = nn.Parameter(torch.empty(shape_a, dtype=w.dtype, device=w.device))
+        self.B = nn.Parameter(torch.zeros(shape_b, dtype=w.dtype, device=w.device))
+        self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
+        self.party: Tensor | int | None = None
+        self.rank_idx: Tensor | None = None
+        self.enabled = True
+        self.reset_parameters()
+
+    @property
+    def per_party_a(self) -> bool:
+        return self.A.dim() == 3
+
+    @property
+    def per_party_b(self) -> bool:
+        return self.B.dim() == 3
+
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """PEFT's default: A ~ kaiming-uniform(a=sqrt 5) (bound 1/sqrt(in)), B = 0, so the adapter starts at zero."""
+        bound = 1.0 / math.sqrt(self.A.shape[-1])
+        with torch.no_grad():
+            self.A.uniform_(-bound, bound, generator=generator)
+            self.B.zero_()
+
+    def route(self, party: Tensor | int | None = None, rank_idx: Tensor | None = None) -> None:
+        """Sets the per-sample party index (N,) or one party for the batch, and the active rank subset."""
+        self.party = party
+        self.rank_idx = rank_idx
+
+    @property
+    def active_rank(self) -> int:
+        return self.rank if self.rank_idx is None else int(self.rank_idx.numel())
+
+    @property
+    def scale(self) -> float:
+        """alpha / r for the full rank; alpha/r * r/k = alpha/k for a k-subset."""
+        return self.alpha / self.active_rank
+
+    def factors(self, party: Tensor | int | None = None) -> tuple[Tensor, Tensor]:
+        """A and B as used by the forward: gathered for `party`, sliced to `rank_idx`.
+
+        Per-party factors with a tensor `party` come back with a leading sample dimension (N, k, in) / (N, out, k).
+        """
+        idx = self.rank_idx
+        A, B = self.A, self.B
+        if self.per_party_a:
+            A = _gather(A, party, idx, rank_dim=1, name="A")
+        elif idx is not None:
+            A = A.index_select(0, idx)
+        if self.per_party_b:
+            B = _gather(B, party, idx, rank_dim=2, name="B")
+        elif idx is not None:
+            B = B.index_select(1, idx)
+        return A, B
+
+    def forward(self, x: Tensor) -> Tensor:
+        y = self.base(x)
+        if not self.enabled:
+            return y
+        A, B = self.factors(self.party)
+        x = self.dropout(x)
+        h = _apply(x, A)  # (..., k)
+        return y + self.scale * _apply(h, B)
+
+    def delta_weight(self, party: int | None = None) -> Tensor:
+        """scale * B @ A for one party (or the shared factors): what merging adds to W0."""
+        A, B = self.factors(party)
+        return self.scale * (B @ A)
+
+    @torch.no_grad()
+    def merge_(self, party: int | None = None) -> None:
+        """Adds the adapter into W0 and zeroes B, leaving the layer's function unchanged."""
+        self.base.weight += self.delta_weight(party).to(self.base.weight.dtype)
+        if self.rank_idx is None:
+            (self.B[party] if self.per_party_b else self.B).zero_()
+        elif self.per_party_b:
+            self.B[party][:, self.rank_idx] = 0
+        else:
+            self.B[:, self.rank_idx] = 0
+
+    def extra_repr(self) -> str:
+        return (f"rank={self.rank}, alpha={self.alpha}, A={tuple(self.A.shape)}, B={tuple(self.B.shape)}")
+
+
+def _gather(w: Tensor, party: Tensor | int | None, idx: Tensor | None, rank_dim: int, name: str) -> Tensor:
+    """Per-party factor w (P, ...) -> the rows for `party` (int or (N,) tensor), rank-sliced by idx."""
+    if party is None:
+        raise ValueError(f"LoRALinear has per-party {name} but no party was routed (call route(party=...))")
+    if isinstance(party, int) or party.dim() == 0:
+        w = w[int(party)]
+        return w if idx is None else w.index_select(rank_dim - 1, idx)
+    if idx is None:
+        return w.index_select(0, party)
+    if rank_dim == 1:  # A: (P, r, in) -> (N, k, in)
+        return w[party[:, None], idx[None, :]]
+    return w[party[:, None, None], torch.arange(w.shape[1], device=w.device)[None, :, None], idx[None, None, :]]
+
+
+def _apply(x: Tensor, w: Tensor) -> Tensor:
+    """x (..., in) @ w^T where w is (out, in) or per-sample (N, out, in) with x (N, ..., in)."""
+    if w.dim() == 2:
+        return x @ w.T
+    n = x.shape[0]
+    flat = x.reshape(n, -1, x.shape[-1])
+    return torch.bmm(flat, w.transpose(1, 2)).reshape(*x.shape[:-1], w.shape[1])

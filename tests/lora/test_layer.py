@@ -1,0 +1,89 @@
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from collabalign.lora import LoRALinear, inject_lora, lora_layers, routed
+
+
+def make_layer(parties_a=None, parties_b=None, rank=8, seed=0):
+    torch.manual_seed(seed)
+    layer = LoRALinear(nn.Linear(12, 10), rank, alpha=16, parties_a=parties_a, parties_b=parties_b)
+    with torch.no_grad():
+        layer.B.normal_()  # non-zero B so every path is exercised
+    return layer
+
+
+def test_sliced_rank_gradients_equal_masked_reference():
+    layer = make_layer().double()
+    x = torch.randn(5, 3, 12, dtype=torch.float64)
+    idx = torch.tensor([1, 4, 6])
+    layer.route(rank_idx=idx)
+    layer(x).square().sum().backward()
+    ga, gb = layer.A.grad.clone(), layer.B.grad.clone()
+    assert layer.scale == pytest.approx(16 / 8 * 8 / 3)
+
+    A = layer.A.detach().clone().requires_grad_()
+    B = layer.B.detach().clone().requires_grad_()
+    mask = torch.zeros(8, dtype=torch.float64)
+    mask[idx] = 1
+    ref = layer.base(x) + (16 / 8) * (8 / 3) * (x @ (A * mask[:, None]).T) @ (B * mask[None, :]).T
+    ref.square().sum().backward()
+    torch.testing.assert_close(ga, A.grad)
+    torch.testing.assert_close(gb, B.grad)
+    outside = torch.tensor([i for i in range(8) if i not in idx.tolist()])
+    assert ga[outside].abs().max() == 0 and gb[:, outside].abs().max() == 0
+
+
+@pytest.mark.parametrize("pa, pb", [(4, 4), (None, 4), (4, None)])
+@pytest.mark.parametrize("sliced", [False, True])
+def test_per_sample_routing_equals_each_party_alone(pa, pb, sliced):
+    layer = make_layer(pa, pb)
+    with torch.no_grad():
+        layer.A.normal_()
+    x = torch.randn(9, 3, 12)
+    party = torch.tensor([0, 3, 1, 1, 2, 0, 3, 2, 2])
+    idx = torch.tensor([0, 2, 5]) if sliced else None
+    layer.route(party, idx)
+    mixed = layer(x)
+    for p in range(4):
+        layer.route(p, idx)
+        alone = layer(x[party == p])
+        torch.testing.assert_close(mixed[party == p], alone)
+
+
+def test_routing_without_party_is_a_clear_error():
+    layer = make_layer(parties_a=3)
+    with pytest.raises(ValueError, match="no party was routed"):
+        layer(torch.randn(2, 12))
+
+
+@pytest.mark.parametrize("pb", [None, 3])
+def test_merge_keeps_function_and_clears_adapter(pb):
+    layer = make_layer(parties_b=pb)
+    x = torch.randn(4, 12)
+    party = None if pb is None else 1
+    layer.route(party)
+    before = layer(x)
+    layer.merge_(party)
+    torch.testing.assert_close(layer(x), before)
+    layer.enabled = False
+    torch.testing.assert_close(layer(x), before)  # the base alone now carries the adapter
+    B = layer.B[party] if pb else layer.B
+    assert B.abs().max() == 0
+
+
+def test_inject_and_route_by_name():
+    model = nn.Sequential(nn.Linear(6, 6), nn.ReLU(), nn.Linear(6, 2))
+    ref = copy.deepcopy(model)
+    layers = inject_lora(model, ["0"], rank=2)
+    assert list(layers) == ["0"] and isinstance(model[0], LoRALinear) and isinstance(model[2], nn.Linear)
+    assert [n for n, p in model.named_parameters() if p.requires_grad] == ["0.A", "0.B"]
+    x = torch.randn(3, 6)
+    torch.testing.assert_close(model(x), ref(x))  # B = 0 at init
+    with routed(model, rank_idx={"0": torch.tensor([1])}):
+        assert lora_layers(model)["0"].active_rank == 1
+    assert lora_layers(model)["0"].active_rank == 2
+    with pytest.raises(ValueError, match="no linear layer matches"):
+        inject_lora(ref, ["query"], rank=2)
