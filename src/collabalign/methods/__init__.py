@@ -1,0 +1,1 @@
+"""Federated and personalised methods built on the federation protocol."""

@@ -1,0 +1,94 @@
+"""FedAvg over any adapter state (a dict of named arrays), the local-only reference, and the
+`LocalTrainer` seam they share. Centralised training is FedAvg with one client holding all data."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+
+from collabalign.comm import Message
+from collabalign.federation.protocol import ClientContext
+from collabalign.seeding import Seeds
+
+Params = dict[str, np.ndarray]
+
+
+class LocalTrainer(Protocol):
+    """Trains and evaluates one model from a parameter dict; holds no state between calls."""
+
+    def initial_params(self, seeds: Seeds) -> Params: ...
+
+    def train(self, params: Params, data: Any, rng: torch.Generator) -> tuple[Params, int]:
+        """Local training from `params` on `data`; returns the new params and the number of samples used."""
+        ...
+
+    def evaluate(self, params: Params) -> dict[str, float]: ...
+
+
+def weighted_average(replies: list[Message], weights: np.ndarray) -> Params:
+    """sum_i w_i * params_i / sum_i w_i for every array name, stacked and reduced in one op per name."""
+    w = np.asarray(weights, dtype=np.float64)
+    w = w / w.sum()
+    return {name: np.tensordot(w, np.stack([r[name] for r in replies]), axes=1).astype(replies[0][name].dtype)
+            for name in replies[0]}
+
+
+class FedAvg:
+    """FedAvg (McMahan et al. 2017): broadcast the global params, train locally, average weighted by samples."""
+
+    def __init__(self, trainer: LocalTrainer):
+        self.trainer = trainer
+
+    def init(self, seeds: Seeds) -> Params:
+        return self.trainer.initial_params(seeds)
+
+    def configure(self, state: Params, round_: int, client_ids: list[str]) -> dict[str, Message]:
+        msg = Message(state, {"round": round_})
+        return {cid: msg for cid in client_ids}
+
+    def client_update(self, message: Message, client: ClientContext) -> Message:
+        params, n = self.trainer.train(dict(message), client.data, client.torch_rng)
+        return Message(params, {"n": n})
+
+    def aggregate(self, state: Params, replies: dict[str, Message], round_: int) -> Params:
+        ordered = [replies[cid] for cid in sorted(replies)]
+        return weighted_average(ordered, np.array([r.meta["n"] for r in ordered]))
+
+    def evaluate(self, state: Params, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
+        return self.trainer.evaluate(state)
+
+
+class LocalOnly:
+    """Each client trains alone from the same initial params (sent once, in round 1); nothing is averaged.
+
+    Reported metrics are the mean, min and max over clients of the trainer's metrics on the held-out set.
+    """
+
+    def __init__(self, trainer: LocalTrainer):
+        self.trainer = trainer
+
+    def init(self, seeds: Seeds) -> Params:
+        return self.trainer.initial_params(seeds)
+
+    def configure(self, state: Params, round_: int, client_ids: list[str]) -> dict[str, Message]:
+        msg = Message(state if round_ == 1 else {}, {"round": round_})
+        return {cid: msg for cid in client_ids}
+
+    def client_update(self, message: Message, client: ClientContext) -> Message:
+        start = client.state or dict(message)
+        params, n = self.trainer.train(start, client.data, client.torch_rng)
+        client.state = params
+        return Message({}, {"n": n})
+
+    def aggregate(self, state: Params, replies: dict[str, Message], round_: int) -> Params:
+        return state
+
+    def evaluate(self, state: Params, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
+        per_client = [self.trainer.evaluate(c.state or state) for c in clients.values()]
+        out = {}
+        for key in per_client[0]:
+            vals = np.array([m[key] for m in per_client])
+            out.update({key: float(vals.mean()), f"{key}_min": float(vals.min()), f"{key}_max": float(vals.max())})
+        return out
