@@ -3,6 +3,7 @@ plots/ and report.md. Every file is written atomically (temp file + rename)."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -12,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
+from collabalign.comm import Ledger
 
 VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 _TRACKED_PACKAGES = ("torch", "numpy", "transformers", "peft", "flwr", "pydantic")
@@ -76,6 +79,23 @@ class RunDir:
 
     def read_summary(self) -> dict[str, Any]:
         return json.loads((self.path / "summary.json").read_text())
+
+    def write_ledgers(self, ledgers: dict[str, Ledger]) -> None:
+        """ledger.csv with a method column: every message of every method's run, in bytes."""
+        lines = ["method,round,client,direction,bytes"]
+        lines += [f"{m},{r},{c},{d},{b}" for m, led in ledgers.items() for r, c, d, b in led.rows]
+        atomic_write_text(self.path / "ledger.csv", "\n".join(lines) + "\n")
+
+    def read_ledgers(self) -> dict[str, Ledger]:
+        out: dict[str, Ledger] = {}
+        path = self.path / "ledger.csv"
+        if not path.exists():
+            return out
+        with open(path, newline="") as f:
+            for row in csv.DictReader(f):
+                out.setdefault(row["method"], Ledger()).record(int(row["round"]), row["client"], row["direction"],
+                                                               int(row["bytes"]))
+        return out
 
     def write_json(self, name: str, data: Any) -> None:
         atomic_write_text(self.path / name, json.dumps(data, indent=2, sort_keys=True))

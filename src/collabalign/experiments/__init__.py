@@ -1,0 +1,6 @@
+"""One module per reproduction. Each defines `TITLE`, a pydantic `Config` and `run(cfg, run_dir, progress)`,
+which writes metrics.jsonl, ledger.csv, summary.json (claims + metrics) and plots into the run directory."""
+
+EXPERIMENTS: dict[str, str] = {
+    "quickstart": "collabalign.experiments.quickstart",
+}
