@@ -1,0 +1,37 @@
+"""Preference and text data: validated loaders (local files or the hub), partitioners and synthetic sets."""
+
+from collabalign.data.bigbench_hhh import HHH_SUBSETS, load_hhh
+from collabalign.data.errors import DataError
+from collabalign.data.glue import GLUE_TASKS, TextDataset, glue_metric, load_glue
+from collabalign.data.hh_rlhf import TOPIC_KEYWORDS, hh_attributes, load_hh_rlhf
+from collabalign.data.hub import glue_from_hub, hh_rlhf_from_hub, tldr_comparisons_from_hub
+from collabalign.data.partition import by_key, dirichlet, iid, label_skew
+from collabalign.data.paths import shared_data_dir
+from collabalign.data.preferences import PreferencePair, PreferenceSet, load_jsonl
+from collabalign.data.synthetic import SYNTHETIC_TOPICS, tiny_preferences
+
+__all__ = [
+    "GLUE_TASKS",
+    "HHH_SUBSETS",
+    "SYNTHETIC_TOPICS",
+    "TOPIC_KEYWORDS",
+    "DataError",
+    "PreferencePair",
+    "PreferenceSet",
+    "TextDataset",
+    "by_key",
+    "dirichlet",
+    "glue_from_hub",
+    "glue_metric",
+    "hh_attributes",
+    "hh_rlhf_from_hub",
+    "iid",
+    "label_skew",
+    "load_glue",
+    "load_hh_rlhf",
+    "load_hhh",
+    "load_jsonl",
+    "shared_data_dir",
+    "tiny_preferences",
+    "tldr_comparisons_from_hub",
+]

@@ -1,0 +1,206 @@
+"""GLUE tasks from their original tsv files, validated row by row, and the tasks' metrics in plain numpy."""
+
+from __future__ import annotations
+
+import csv
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from collabalign.data.errors import DataError
+
+
+@dataclass
+class TextDataset:
+    """Single sentences or sentence pairs with labels (int64 classes, or float32 scores when num_labels == 1)."""
+
+    text_a: list[str]
+    text_b: list[str] | None
+    labels: np.ndarray
+    num_labels: int
+    task: str
+    metric: str
+
+    def __len__(self) -> int:
+        return len(self.text_a)
+
+
+@dataclass(frozen=True)
+class GlueLayout:
+    """Where one task's columns are in its tsv and how its label column is read."""
+
+    columns: tuple[str, ...]
+    header: bool
+    text_a: str
+    text_b: str | None
+    label: str
+    parse: Callable[[str], float | int]
+    num_labels: int
+    metric: str
+
+
+def _binary(value: str) -> int:
+    """A 0/1 class label."""
+    if value not in ("0", "1"):
+        raise ValueError
+    return int(value)
+
+
+def _entailment(value: str) -> int:
+    """RTE's label names as the hub's class ids (entailment = 0)."""
+    return {"entailment": 0, "not_entailment": 1}[value]  # KeyError (a LookupError) for anything else
+
+
+def _similarity(value: str) -> float:
+    """An STS-B similarity score, which must lie in [0, 5]."""
+    score = float(value)
+    if not 0.0 <= score <= 5.0:  # also rejects nan
+        raise ValueError
+    return score
+
+
+_STSB_COLUMNS = ("index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2")
+LAYOUTS: dict[str, GlueLayout] = {
+    "CoLA": GlueLayout(
+        columns=("source", "label", "mark", "sentence"),
+        header=False,
+        text_a="sentence",
+        text_b=None,
+        label="label",
+        parse=_binary,
+        num_labels=2,
+        metric="matthews",
+    ),
+    "SST-2": GlueLayout(
+        columns=("sentence", "label"),
+        header=True,
+        text_a="sentence",
+        text_b=None,
+        label="label",
+        parse=_binary,
+        num_labels=2,
+        metric="accuracy",
+    ),
+    "MRPC": GlueLayout(
+        columns=("Quality", "#1 ID", "#2 ID", "#1 String", "#2 String"),
+        header=True,
+        text_a="#1 String",
+        text_b="#2 String",
+        label="Quality",
+        parse=_binary,
+        num_labels=2,
+        metric="accuracy",
+    ),
+    "RTE": GlueLayout(
+        columns=("index", "sentence1", "sentence2", "label"),
+        header=True,
+        text_a="sentence1",
+        text_b="sentence2",
+        label="label",
+        parse=_entailment,
+        num_labels=2,
+        metric="accuracy",
+    ),
+    "STS-B": GlueLayout(
+        columns=(*_STSB_COLUMNS, "score"),
+        header=True,
+        text_a="sentence1",
+        text_b="sentence2",
+        label="score",
+        parse=_similarity,
+        num_labels=1,
+        metric="pearson",
+    ),
+}
+GLUE_TASKS = tuple(LAYOUTS)
+
+
+def glue_layout(task: str) -> GlueLayout:
+    """The layout of a GLUE task, or a ValueError listing the supported tasks."""
+    if task not in LAYOUTS:
+        raise ValueError(f"unknown GLUE task {task!r}; expected one of {', '.join(GLUE_TASKS)}")
+    return LAYOUTS[task]
+
+
+def _decoded_lines(path: Path) -> Iterator[str]:
+    """Decode a file line by line so invalid UTF-8 is reported with its line (the MRPC files start with a BOM)."""
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                yield raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(path, lineno, None, "not valid UTF-8") from err
+
+
+def load_glue(task: str, split: str, root: str | Path) -> TextDataset:
+    """Load root/<task>/<split>.tsv (split "train" or "dev") in GLUE's original layout; bad rows raise DataError."""
+    layout = glue_layout(task)
+    if split not in ("train", "dev"):
+        raise ValueError(f"unknown GLUE split {split!r}; expected 'train' or 'dev' (test files have no labels)")
+    path = Path(root) / task / f"{split}.tsv"
+    col = {name: i for i, name in enumerate(layout.columns)}
+    text_a: list[str] = []
+    text_b: list[str] = []
+    labels: list[float | int] = []
+    reader = csv.reader(_decoded_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
+    for row in reader:
+        line = reader.line_num
+        if not row:
+            continue  # a blank line is not a row
+        if len(row) != len(layout.columns):
+            raise DataError(path, line, None, f"expected {len(layout.columns)} tab-separated columns, got {len(row)}")
+        if layout.header and line == 1:
+            if tuple(row) != layout.columns:
+                raise DataError(path, line, None, f"header {row} is not {list(layout.columns)}")
+            continue
+        for name in (layout.text_a, layout.text_b):
+            if name is not None and not row[col[name]].strip():
+                raise DataError(path, line, name, "empty text")
+        try:
+            labels.append(layout.parse(row[col[layout.label]].strip()))
+        except (ValueError, LookupError) as err:
+            raise DataError(path, line, layout.label, f"bad label {row[col[layout.label]]!r}") from err
+        text_a.append(row[col[layout.text_a]].strip())
+        if layout.text_b is not None:
+            text_b.append(row[col[layout.text_b]].strip())
+    if not labels:
+        raise DataError(path, None, None, "no rows")
+    dtype = np.float32 if layout.num_labels == 1 else np.int64
+    return TextDataset(
+        text_a, text_b if layout.text_b else None, np.asarray(labels, dtype), layout.num_labels, task, layout.metric
+    )
+
+
+def glue_metric(task: str, preds: np.ndarray, labels: np.ndarray) -> float:
+    """The task's GLUE metric: accuracy, Matthews correlation (CoLA) or Pearson correlation (STS-B)."""
+    preds, labels = np.asarray(preds), np.asarray(labels)
+    if preds.shape != labels.shape or preds.size == 0:
+        raise ValueError(f"preds {preds.shape} and labels {labels.shape} must be equal, non-empty 1-d shapes")
+    metric = glue_layout(task).metric
+    if metric == "accuracy":
+        return float(np.mean(preds == labels))
+    if metric == "matthews":
+        return matthews_corr(preds, labels)
+    return pearson_corr(preds, labels)
+
+
+def matthews_corr(preds: np.ndarray, labels: np.ndarray) -> float:
+    """Multi-class Matthews correlation (Gorodkin's R_K); 0.0 when undefined, as scikit-learn does."""
+    classes, inv = np.unique(np.concatenate([labels, preds]), return_inverse=True)
+    k, n = len(classes), len(labels)
+    confusion = np.zeros((k, k), np.float64)
+    np.add.at(confusion, (inv[:n], inv[n:]), 1.0)
+    t, p, c, s = confusion.sum(1), confusion.sum(0), np.trace(confusion), confusion.sum()
+    denom = math.sqrt((s * s - p @ p) * (s * s - t @ t))
+    return float((c * s - t @ p) / denom) if denom > 0 else 0.0
+
+
+def pearson_corr(preds: np.ndarray, labels: np.ndarray) -> float:
+    """Pearson correlation; 0.0 when either side is constant (the correlation is undefined there)."""
+    x = preds.astype(np.float64) - preds.mean()
+    y = labels.astype(np.float64) - labels.mean()
+    denom = math.sqrt(float(x @ x) * float(y @ y))
+    return float(x @ y / denom) if denom > 0 else 0.0

@@ -1,0 +1,18 @@
+"""Where the shared real datasets live, so tests and experiments can find them or skip cleanly."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def shared_data_dir() -> Path | None:
+    """$COLLABALIGN_DATA if set, else ../shared/data beside the project root (holding pyproject.toml), else None."""
+    env = os.environ.get("COLLABALIGN_DATA")
+    if env:
+        return Path(env) if Path(env).is_dir() else None
+    for parent in Path(__file__).resolve().parents:
+        if (parent / "pyproject.toml").is_file():
+            candidate = parent.parent / "shared" / "data"
+            return candidate if candidate.is_dir() else None
+    return None

@@ -1,0 +1,120 @@
+"""Preference pairs, their validated construction, and a generic JSONL loader with explicit drop accounting."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from collabalign.data.errors import DataError
+from collabalign.data.jsonl import read_jsonl
+
+
+@dataclass(frozen=True)
+class PreferencePair:
+    """One comparison: for `prompt`, `chosen` was preferred over `rejected` (by `party`, when known)."""
+
+    prompt: str
+    chosen: str
+    rejected: str
+    party: str | None = None
+    attributes: dict[str, Any] = field(default_factory=dict, hash=False)
+
+
+@dataclass
+class PreferenceSet:
+    """Loaded pairs plus how many rows were dropped for which reason, so nothing disappears unnoticed."""
+
+    pairs: list[PreferencePair]
+    dropped: dict[str, int]
+    source: str
+
+    def __len__(self) -> int:
+        return len(self.pairs)
+
+    def __getitem__(self, i: int) -> PreferencePair:
+        return self.pairs[i]
+
+    def __iter__(self) -> Iterator[PreferencePair]:
+        return iter(self.pairs)
+
+
+def require_text(obj: dict[str, Any], name: str, path: str | Path, line: int | None) -> str:
+    """Return obj[name] if it is a non-blank string, else raise a DataError naming the field."""
+    if name not in obj:
+        raise DataError(path, line, name, "missing field")
+    value = obj[name]
+    if not isinstance(value, str):
+        raise DataError(path, line, name, "not a string")
+    if not value.strip():
+        raise DataError(path, line, name, "empty text")
+    return value
+
+
+def checked_pair(
+    path: str | Path,
+    line: int | None,
+    prompt: str,
+    chosen: str,
+    rejected: str,
+    party: str | None = None,
+    attributes: dict[str, Any] | None = None,
+) -> PreferencePair:
+    """Build a PreferencePair after checking its texts are non-blank and distinct (a tie carries no preference)."""
+    for name, text in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
+        if not text.strip():
+            raise DataError(path, line, name, "empty text")
+    if chosen.strip() == rejected.strip():
+        raise DataError(path, line, "rejected", "identical to chosen")
+    return PreferencePair(prompt, chosen, rejected, party, dict(attributes or {}))
+
+
+def collect_pairs(
+    source: str | Path,
+    records: Iterable[tuple[int, Any]],
+    make: Callable[[int, Any], list[PreferencePair]],
+    drop_invalid: bool,
+) -> PreferenceSet:
+    """Turn (line, record) items into a PreferenceSet, raising the first DataError or counting them by reason.
+
+    A record may itself be a DataError (from the reader). An empty result is always an error.
+    """
+    pairs: list[PreferencePair] = []
+    dropped: Counter[str] = Counter()
+    for line, record in records:
+        try:
+            if isinstance(record, DataError):
+                raise record
+            pairs.extend(make(line, record))
+        except DataError as err:
+            if not drop_invalid:
+                raise
+            dropped[err.message if err.field is None else f"{err.field}: {err.message}"] += 1
+    if not pairs:
+        detail = f"no valid rows (dropped: {dict(dropped)})" if dropped else "no rows"
+        raise DataError(source, None, None, detail)
+    return PreferenceSet(pairs, dict(dropped), str(source))
+
+
+def load_jsonl(
+    path: str | Path,
+    prompt_field: str = "prompt",
+    chosen_field: str = "chosen",
+    rejected_field: str = "rejected",
+    party_field: str | None = None,
+    drop_invalid: bool = False,
+) -> PreferenceSet:
+    """Load preference pairs from a .jsonl or gzipped .jsonl file whose rows hold the three (or four) named fields."""
+
+    def make(line: int, obj: dict[str, Any]) -> list[PreferencePair]:
+        prompt = require_text(obj, prompt_field, path, line)
+        chosen = require_text(obj, chosen_field, path, line)
+        rejected = require_text(obj, rejected_field, path, line)
+        party = require_text(obj, party_field, path, line) if party_field else None
+        if chosen.strip() == rejected.strip():
+            raise DataError(path, line, rejected_field, "identical to chosen")
+        return [PreferencePair(prompt, chosen, rejected, party)]
+
+    return collect_pairs(path, read_jsonl(path), make, drop_invalid)

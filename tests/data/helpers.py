@@ -1,0 +1,29 @@
+"""Shared helpers for the data tests: writing small fixture files and the skip marker for real data."""
+
+from __future__ import annotations
+
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+
+from collabalign.data import shared_data_dir
+
+SHARED = shared_data_dir()
+needs_shared_data = [
+    pytest.mark.real,
+    pytest.mark.skipif(SHARED is None, reason="../shared/data not found (set COLLABALIGN_DATA to its folder)"),
+]
+
+
+def write(path: Path, content: str | bytes, gz: bool = False) -> Path:
+    """Write text or bytes to path, gzip-compressed when gz, and return the path."""
+    data = content.encode("utf-8") if isinstance(content, str) else content
+    path.write_bytes(gzip.compress(data) if gz else data)
+    return path
+
+
+def jsonl(*rows: object) -> str:
+    """JSON lines for the given rows."""
+    return "".join(json.dumps(r) + "\n" for r in rows)

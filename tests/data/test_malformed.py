@@ -1,0 +1,93 @@
+"""Every loader names the file, line and field of a malformed input."""
+
+import json
+
+import pytest
+
+from collabalign.data import DataError, load_glue, load_hh_rlhf, load_hhh, load_jsonl
+from tests.data.helpers import jsonl, write
+
+OK = {"prompt": "Hi?", "chosen": "Hello.", "rejected": "Bye."}
+HH_OK = {"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello.", "rejected": "\n\nHuman: Hi?\n\nAssistant: Bye."}
+HHH_OK = {"input": "Hi?", "target_scores": {"Hello.": 1, "Bye.": 0}}
+
+
+def hhh(*examples: object) -> str:
+    return json.dumps({"name": "x", "examples": list(examples)})
+
+
+# (loader, file name, content, expected line, expected field, message fragment)
+CASES = {
+    "invalid_json": (load_jsonl, "a.jsonl", jsonl(OK) + '{"prompt": \n', 2, None, "invalid JSON"),
+    "not_object": (load_jsonl, "a.jsonl", "[1, 2]\n", 1, None, "not a JSON object"),
+    "bad_utf8": (load_jsonl, "a.jsonl", jsonl(OK, OK).encode() + b'{"prompt": "\xc3\x28"}\n', 3, None, "UTF-8"),
+    "missing_field": (load_jsonl, "a.jsonl", jsonl(OK, {"prompt": "p", "rejected": "r"}), 2, "chosen", "missing"),
+    "non_string": (load_jsonl, "a.jsonl", jsonl({**OK, "rejected": 3}), 1, "rejected", "not a string"),
+    "blank_text": (load_jsonl, "a.jsonl", jsonl(OK, OK, {**OK, "prompt": " \n\t"}), 3, "prompt", "empty text"),
+    "chosen_eq_rejected": (load_jsonl, "a.jsonl", jsonl({**OK, "rejected": "Hello."}), 1, "rejected", "identical"),
+    "empty_file": (load_jsonl, "a.jsonl", "", None, None, "no rows"),
+    "hh_no_assistant": (
+        load_hh_rlhf, "h.jsonl", jsonl(HH_OK, {**HH_OK, "chosen": "\n\nHuman: Hi?"}), 2, "chosen", "Assistant"
+    ),
+    "hh_prompt_differs": (
+        load_hh_rlhf, "h.jsonl", jsonl({**HH_OK, "rejected": "\n\nHuman: Yo?\n\nAssistant: Bye."}), 1, "rejected",
+        "prompt differs from chosen's",
+    ),
+    "hh_empty_reply": (
+        load_hh_rlhf, "h.jsonl", jsonl({**HH_OK, "chosen": "\n\nHuman: Hi?\n\nAssistant: "}), 1, "chosen", "empty"
+    ),
+    "hh_missing_rejected": (load_hh_rlhf, "h.jsonl", jsonl({"chosen": HH_OK["chosen"]}), 1, "rejected", "missing"),
+    "hhh_missing_input": (
+        load_hhh, "task.json", hhh(HHH_OK, {"target_scores": {"a": 1, "b": 0}}), 2, "input", "missing"
+    ),
+    "hhh_two_best": (
+        load_hhh, "task.json", hhh({"input": "q", "target_scores": {"a": 1, "b": 1}}), 1, "target_scores", "exactly one"
+    ),
+    "hhh_bad_score": (
+        load_hhh, "task.json", hhh({"input": "q", "target_scores": {"a": 1, "b": "0"}}), 1, "target_scores", "0 or 1"
+    ),
+    "hhh_no_examples": (load_hhh, "task.json", json.dumps({"name": "x"}), None, "examples", "not a list"),
+    "hhh_invalid_json": (load_hhh, "task.json", '{\n  "examples": [,]\n}', 2, None, "invalid JSON"),
+}
+
+
+@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+def test_preference_loaders_name_file_line_field(tmp_path, case):
+    loader, name, content, line, field, fragment = case
+    path = write(tmp_path / name, content)
+    with pytest.raises(DataError) as info:
+        loader(path)
+    err = info.value
+    assert (err.path, err.line, err.field) == (str(path), line, field)
+    assert fragment in err.message
+    assert str(err).startswith(str(path) + (f":{line}: " if line else ": "))
+
+
+SST2 = "sentence\tlabel\na fine film \t1\n"
+RTE = "index\tsentence1\tsentence2\tlabel\n0\tA cat sat.\tAn animal sat.\tentailment\n"
+STSB = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
+MRPC = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+
+GLUE_CASES = {
+    "rte_unknown_label": ("RTE", RTE + "1\tA dog ran.\tA dog moved.\tmaybe\n", 3, "label", "'maybe'"),
+    "sst2_column_count": ("SST-2", SST2 + "too\tmany\tcolumns\n", 3, None, "expected 2 tab-separated columns, got 3"),
+    "stsb_score_not_numeric": ("STS-B", STSB + "0\tg\tf\t2012\t1\tn\tn\tA.\tB.\tfive\n", 2, "score", "'five'"),
+    "stsb_score_out_of_range": ("STS-B", STSB + "0\tg\tf\t2012\t1\tn\tn\tA.\tB.\t7.5\n", 2, "score", "'7.5'"),
+    "mrpc_wrong_header": ("MRPC", "Quality\tid1\tid2\ts1\ts2\n1\t1\t2\tA.\tB.\n", 1, None, "header"),
+    "mrpc_empty_text": ("MRPC", MRPC + "1\t1\t2\tA.\t \n", 2, "#2 String", "empty text"),
+    "cola_binary_label": ("CoLA", "gj04\t1\t\tGood.\ngj04\t2\t*\tBad.\n", 2, "label", "'2'"),
+    "cola_bad_utf8": ("CoLA", b"gj04\t1\t\tGood.\ngj04\t0\t*\tBad \xff.\n", 2, None, "UTF-8"),
+    "sst2_header_only": ("SST-2", "sentence\tlabel\n", None, None, "no rows"),
+}
+
+
+@pytest.mark.parametrize("case", GLUE_CASES.values(), ids=GLUE_CASES.keys())
+def test_glue_names_file_line_field(tmp_path, case):
+    task, content, line, field, fragment = case
+    (tmp_path / task).mkdir()
+    path = write(tmp_path / task / "dev.tsv", content)
+    with pytest.raises(DataError) as info:
+        load_glue(task, "dev", tmp_path)
+    err = info.value
+    assert (err.path, err.line, err.field) == (str(path), line, field)
+    assert fragment in str(err)

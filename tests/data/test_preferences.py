@@ -1,0 +1,74 @@
+import gzip
+import pickle
+
+import pytest
+
+from collabalign.data import DataError, PreferencePair, load_jsonl
+from tests.data.helpers import jsonl, write
+
+GOOD = {"prompt": "Hi?", "chosen": "Hello, nice to meet you.", "rejected": "Go away."}
+
+
+def test_loads_rows_and_set_protocol(tmp_path):
+    path = write(tmp_path / "p.jsonl", jsonl(GOOD, {**GOOD, "prompt": "Yo?"}) + "\n")  # trailing blank line
+    pairs = load_jsonl(path)
+    assert len(pairs) == 2 and pairs.dropped == {} and pairs.source == str(path)
+    assert pairs[0] == PreferencePair("Hi?", "Hello, nice to meet you.", "Go away.")
+    assert [p.prompt for p in pairs] == ["Hi?", "Yo?"]
+
+
+def test_gzip_detected_by_magic_bytes_not_extension(tmp_path):
+    path = write(tmp_path / "looks_plain.jsonl", jsonl(GOOD), gz=True)
+    assert load_jsonl(path)[0].chosen == GOOD["chosen"]
+
+
+def test_custom_fields_and_party(tmp_path):
+    row = {"q": "Hi?", "good": "Hello.", "bad": "Bye.", "worker": "w7"}
+    pair = load_jsonl(write(tmp_path / "p.jsonl", jsonl(row)), "q", "good", "bad", party_field="worker")[0]
+    assert (pair.prompt, pair.chosen, pair.rejected, pair.party) == ("Hi?", "Hello.", "Bye.", "w7")
+
+
+def test_drop_invalid_counts_every_reason(tmp_path):
+    lines = [
+        jsonl(GOOD),
+        "{broken\n",
+        jsonl({**GOOD, "chosen": "  "}),
+        jsonl({**GOOD, "rejected": GOOD["chosen"]}),
+        jsonl({"prompt": "x", "chosen": "y"}),
+        jsonl({**GOOD, "chosen": " "}),
+        jsonl(GOOD),
+    ]
+    path = write(tmp_path / "mixed.jsonl", "".join(lines).encode() + b"\xff\xfe\n")
+    pairs = load_jsonl(path, drop_invalid=True)
+    assert len(pairs) == 2
+    assert pairs.dropped == {
+        "invalid JSON": 1,
+        "chosen: empty text": 2,
+        "rejected: identical to chosen": 1,
+        "rejected: missing field": 1,
+        "not valid UTF-8": 1,
+    }
+    with pytest.raises(DataError) as info:
+        load_jsonl(path)
+    assert (info.value.line, info.value.message) == (2, "invalid JSON")
+
+
+def test_all_rows_dropped_is_still_an_error(tmp_path):
+    path = write(tmp_path / "bad.jsonl", "[1]\n[2]\n")
+    with pytest.raises(DataError, match=r"no valid rows \(dropped: \{'not a JSON object': 2\}\)"):
+        load_jsonl(path, drop_invalid=True)
+
+
+def test_truncated_gzip_is_a_data_error(tmp_path):
+    path = write(tmp_path / "cut.jsonl.gz", gzip.compress(jsonl(GOOD, GOOD, GOOD).encode())[:-12])
+    with pytest.raises(DataError, match="unreadable compressed data"):
+        load_jsonl(path)
+
+
+def test_error_str_and_pickle():
+    err = DataError("harmless.jsonl.gz", 17, "chosen", "empty text")
+    assert str(err) == "harmless.jsonl.gz:17: field 'chosen': empty text"
+    assert str(DataError("f.jsonl", None, None, "no rows")) == "f.jsonl: no rows"
+    assert isinstance(err, ValueError)
+    copy = pickle.loads(pickle.dumps(err))
+    assert (copy.path, copy.line, copy.field, copy.message) == ("harmless.jsonl.gz", 17, "chosen", "empty text")
