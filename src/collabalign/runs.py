@@ -74,8 +74,12 @@ class RunDir:
         text = (self.path / "metrics.jsonl").read_text()
         return [json.loads(line) for line in text.splitlines() if line]
 
-    def write_summary(self, claims: list[dict[str, Any]], metrics: dict[str, Any]) -> None:
-        atomic_write_text(self.path / "summary.json", json.dumps({"claims": claims, "metrics": metrics}, indent=2))
+    def write_summary(self, claims: list[dict[str, Any]], metrics: dict[str, Any], notes: list[str] | None = None,
+                      plot_metrics: list[str] | None = None) -> None:
+        """summary.json: claims and metrics, plus optional report notes and the metrics to plot per round."""
+        extra = {k: v for k, v in (("notes", notes), ("plot_metrics", plot_metrics)) if v}
+        summary = {"claims": claims, "metrics": metrics, **extra}
+        atomic_write_text(self.path / "summary.json", json.dumps(summary, indent=2))
 
     def read_summary(self) -> dict[str, Any]:
         return json.loads((self.path / "summary.json").read_text())

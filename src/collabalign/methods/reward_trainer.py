@@ -1,0 +1,107 @@
+"""Bradley–Terry reward-model training of LoRA + head on cached lower-layer features: the `LocalTrainer` behind
+FedAvg-LoRA, local-only and centralised reward modelling."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from collabalign.data.preferences import PreferencePair
+from collabalign.lora.inject import lora_layers
+from collabalign.methods.fedavg import Params
+from collabalign.models.reward import RewardModel, Tokens, bt_loss, pair_texts, preference_accuracy, tokenize
+from collabalign.seeding import Seeds
+
+
+@dataclass
+class EncodedPairs:
+    """n pairs as 2n texts (rows :n chosen, n: rejected): tokens and the features entering block `split`."""
+
+    tokens: Tokens
+    features: Tensor
+
+    def __len__(self) -> int:
+        return len(self.tokens) // 2
+
+    def __getitem__(self, pairs: Tensor | np.ndarray) -> EncodedPairs:
+        """The subset of pairs `pairs` (indices), keeping the chosen-then-rejected layout."""
+        rows = torch.cat([torch.as_tensor(pairs), torch.as_tensor(pairs) + len(self)])
+        return EncodedPairs(self.tokens[rows], self.features[rows])
+
+    def batch(self, pairs: Tensor) -> tuple[Tokens, Tensor]:
+        """Tokens and features of `pairs` (chosen then rejected), trimmed to the longest real text among them."""
+        sub = self[pairs]
+        length = int(sub.tokens.attention_mask.sum(1).max())
+        return sub.tokens[:, :length], sub.features[:, :length]
+
+
+def encode_pairs(model: RewardModel, tokenizer, pairs: Sequence[PreferencePair], max_length: int,
+                 split: int) -> EncodedPairs:
+    """Tokenises prompt+reply texts and runs the frozen blocks below `split` once."""
+    chosen, rejected = pair_texts(pairs)
+    tokens = tokenize(tokenizer, chosen + rejected, max_length)
+    return EncodedPairs(tokens, model.lower_features(tokens, split))
+
+
+class RewardTrainer:
+    """Trains the LoRA factors and the head of `model` (everything else frozen) with AdamW, fresh each call."""
+
+    def __init__(self, model: RewardModel, split: int, test: EncodedPairs, lr: float, epochs: int,
+                 batch_size: int, eval_batch_size: int = 128):
+        self.model, self.split, self.test = model, split, test
+        self.lr, self.epochs, self.batch_size, self.eval_batch_size = lr, epochs, batch_size, eval_batch_size
+
+    def trainable(self) -> dict[str, Tensor]:
+        return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
+
+    def initial_params(self, seeds: Seeds) -> Params:
+        """LoRA A ~ Kaiming-uniform, B = 0 (so the start is the frozen backbone) and a random head, from `seeds`."""
+        generator = seeds.torch("reward-init")
+        for layer in lora_layers(self.model).values():
+            layer.reset_parameters(generator)
+        with torch.no_grad():
+            hidden = self.model.head.weight.shape[1]
+            self.model.head.weight.copy_(torch.randn(1, hidden, generator=generator) / hidden**0.5)
+            self.model.head.bias.zero_()
+        return self.params()
+
+    def params(self) -> Params:
+        return {n: p.detach().numpy().copy() for n, p in self.trainable().items()}
+
+    def load(self, params: Params) -> None:
+        with torch.no_grad():
+            for name, p in self.trainable().items():
+                p.copy_(torch.from_numpy(params[name]))
+
+    def rewards(self, tokens: Tokens, features: Tensor) -> tuple[Tensor, Tensor]:
+        r = self.model(tokens, features, self.split)
+        return r[: len(r) // 2], r[len(r) // 2:]
+
+    def train(self, params: Params, data: EncodedPairs, rng: torch.Generator) -> tuple[Params, int]:
+        self.load(params)
+        optimizer = torch.optim.AdamW(self.trainable().values(), lr=self.lr, weight_decay=0.0)
+        for _ in range(self.epochs):
+            order = torch.randperm(len(data), generator=rng)
+            for start in range(0, len(data), self.batch_size):
+                loss = bt_loss(*self.rewards(*data.batch(order[start:start + self.batch_size])))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        return self.params(), len(data)
+
+    @torch.no_grad()
+    def test_rewards(self, params: Params, data: EncodedPairs | None = None) -> tuple[Tensor, Tensor]:
+        """(r_chosen, r_rejected) for every pair of `data` (default: the held-out set) under `params`."""
+        self.load(params)
+        data = self.test if data is None else data
+        out = [self.rewards(*data.batch(torch.arange(s, min(s + self.eval_batch_size, len(data)))))
+               for s in range(0, len(data), self.eval_batch_size)]
+        return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
+
+    def evaluate(self, params: Params) -> dict[str, float]:
+        chosen, rejected = self.test_rewards(params)
+        return {"accuracy": preference_accuracy(chosen, rejected), "loss": float(bt_loss(chosen, rejected))}

@@ -1,0 +1,1 @@
+"""Backbones (offline), the reward model, and (with the policy methods) the policy."""

