@@ -50,14 +50,7 @@ def plot_metric_per_round(records: list[dict[str, Any]], metric: str, path: Path
     for label, by_round in sorted(series.items()):
         rounds = sorted(by_round)
         ax.plot(rounds, [sum(by_round[x]) / len(by_round[x]) for x in rounds], marker=".", label=label)
-    ax.set_xlabel("round")
-    ax.set_ylabel(metric)
-    ax.set_title(title or f"{metric} per round")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish(fig, ax, metric, title or f"{metric} per round", path)
     return True
 
 
@@ -71,15 +64,20 @@ def plot_bytes_per_round(run: RunDir, path: Path) -> bool:
         per_round = ledger.per_round()
         rounds = sorted(per_round)
         ax.plot(rounds, [(per_round[x]["down"] + per_round[x]["up"]) / 1e6 for x in rounds], marker=".", label=method)
+    _finish(fig, ax, "MB sent (down + up, all clients)", "communication per round", path)
+    return True
+
+
+def _finish(fig: plt.Figure, ax: plt.Axes, ylabel: str, title: str, path: Path) -> None:
+    """Labels a per-round line plot, adds the legend and saves it as PNG."""
     ax.set_xlabel("round")
-    ax.set_ylabel("MB sent (down + up, all clients)")
-    ax.set_title("communication per round")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-    return True
 
 
 def write_report(path: str | Path, title: str = "", plot_metrics: tuple[str, ...] = ()) -> Path:

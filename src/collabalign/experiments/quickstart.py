@@ -103,6 +103,8 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
                 cfg.model.rank, cfg.model.alpha)
     split = len(layer_stack(model.backbone)[1]) - cfg.model.lora_blocks
     t0 = time.perf_counter()
+    if progress:
+        print(f"quickstart: running {2 * len(pairs)} texts through the {split} frozen blocks once", file=sys.stderr)
     encoded = encode_pairs(model, backbone.tokenizer, pairs.pairs, cfg.data.max_length, split)
     feature_s = time.perf_counter() - t0
     labels = np.array([str(p.attributes.get(cfg.split.attribute)) for p in pairs])
