@@ -54,6 +54,11 @@ class Message(Mapping[str, np.ndarray]):
         """Size of `serialise()`: arrays' bytes plus the safetensors header with the metadata."""
         return len(self.serialise())
 
+    @property
+    def array_nbytes(self) -> int:
+        """Bytes of the arrays alone (no header or metadata): what papers' byte formulas count."""
+        return sum(a.nbytes for a in self._arrays.values())
+
     @classmethod
     def deserialise(cls, data: bytes) -> Message:
         """Inverse of `serialise`; keeps array order as stored (safetensors sorts names)."""

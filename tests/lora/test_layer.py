@@ -87,3 +87,16 @@ def test_inject_and_route_by_name():
     assert lora_layers(model)["0"].active_rank == 2
     with pytest.raises(ValueError, match="no linear layer matches"):
         inject_lora(ref, ["query"], rank=2)
+
+
+def test_set_factors_trains_a_copy_with_the_given_scale():
+    torch.manual_seed(0)
+    layer = LoRALinear(nn.Linear(6, 5), rank=8)
+    A, B = torch.randn(3, 6), torch.randn(5, 3)
+    layer.set_factors(A, B, scale=0.7)
+    x = torch.randn(4, 6)
+    torch.testing.assert_close(layer(x), layer.base(x) + 0.7 * x @ A.T @ B.T)
+    layer(x).sum().backward()
+    with torch.no_grad():
+        layer.A -= layer.A.grad
+    assert not torch.equal(layer.A, A) and layer.rank == 3  # the caller's tensor is untouched

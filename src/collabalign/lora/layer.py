@@ -54,6 +54,14 @@ class LoRALinear(nn.Module):
             self.A.uniform_(-bound, bound, generator=generator)
             self.B.zero_()
 
+    def set_factors(self, A: Tensor, B: Tensor, scale: float) -> None:
+        """Replaces the shared factors by A (k, in), B (out, k) as new trainable parameters, with y = W0 x +
+        scale * B A x: how a device trains a rank-k block it was sent (sketch, truncation or SVD factors)."""
+        self.A = nn.Parameter(A.detach().to(self.base.weight.dtype, copy=True))  # never alias the caller's arrays
+        self.B = nn.Parameter(B.detach().to(self.base.weight.dtype, copy=True))
+        self.rank, self.rank_idx = A.shape[0], None
+        self.alpha = float(scale) * self.rank
+
     def route(self, party: Tensor | int | None = None, rank_idx: Tensor | None = None) -> None:
         """Sets the per-sample party index (N,) or one party for the batch, and the active rank subset."""
         self.party = party

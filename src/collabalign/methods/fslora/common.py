@@ -1,0 +1,56 @@
+"""Pieces every heterogeneous-rank LoRA method shares: per-device ranks, the global LoRA scale, head averaging,
+and scattering rank-k block updates back into the global factors."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from collabalign.comm import Message
+from collabalign.seeding import Seeds
+
+PAPER_RATIOS = (0.125, 0.25, 0.5, 0.75)
+HEAD = "head/"  # prefix of head arrays in messages and server state
+
+
+def device_ranks(seeds: Seeds, device_ids: Sequence[str], rank: int,
+                 ratios: Sequence[float] = PAPER_RATIOS) -> dict[str, int]:
+    """k_i = ratio_i * r with ratio_i drawn once per device, uniformly from `ratios` (seeded, fixed for the run)."""
+    rng = seeds.numpy("device-ranks")
+    drawn = rng.choice(np.asarray(ratios, dtype=np.float64), size=len(device_ids))
+    ranks = {cid: max(1, int(round(q * rank))) for cid, q in zip(device_ids, drawn, strict=True)}
+    return ranks
+
+
+def lora_scale(alpha: float, rank: int) -> float:
+    """s = alpha / sqrt(r_global) (rsLoRA, as the authors' code), one constant for every method and device."""
+    return alpha / math.sqrt(rank)
+
+
+def head_arrays(params: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {HEAD + k: v for k, v in params.items()}
+
+
+def head_of(message_or_state) -> dict[str, np.ndarray]:
+    return {k[len(HEAD):]: v for k, v in message_or_state.items() if k.startswith(HEAD)}
+
+
+def mean_head(replies: Sequence[Message]) -> dict[str, np.ndarray]:
+    """Plain average of the devices' trained heads (every method FedAvg's the head)."""
+    names = [k for k in replies[0] if k.startswith(HEAD)]
+    return {k: np.mean(np.stack([r[k] for r in replies]), axis=0).astype(replies[0][k].dtype) for k in names}
+
+
+def scatter_mean(shape: tuple[int, int], axis: int, blocks: Sequence[np.ndarray], indices: Sequence[np.ndarray],
+                 n_devices: int) -> np.ndarray:
+    """(1/N) * sum_i of block_i placed at positions indices_i along `axis` (columns of B: axis 1; rows of A:
+    axis 0), zeros elsewhere, in one scatter-add. Positions no device touched stay 0."""
+    acc = np.zeros(shape, dtype=np.float64)
+    idx = np.concatenate(indices)
+    if axis == 1:
+        np.add.at(acc.T, idx, np.concatenate([b.T for b in blocks]))
+    else:
+        np.add.at(acc, idx, np.concatenate(blocks))
+    return acc / n_devices

@@ -1,0 +1,61 @@
+"""FedStackLoRA (FLoRA, Wang et al. 2024) as compared in FSLoRA: devices train fresh rank-k_i LoRA each round;
+the server stacks all devices' factors (A weighted 1/N) and broadcasts the stack; every device merges
+s * B_stack A_stack into its own copy of the base weights. Download grows with N; needs full participation."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from collabalign.comm import Message
+from collabalign.federation.protocol import ClientContext
+from collabalign.methods.fslora.common import head_arrays, head_of, lora_scale, mean_head
+from collabalign.methods.fslora.problems import TorchLoRAProblem
+from collabalign.seeding import Seeds
+
+State = dict[str, np.ndarray]
+
+
+class FedStackLoRA:
+    def __init__(self, problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0):
+        self.problem, self.ranks = problem, ranks
+        self.scale = lora_scale(alpha, rank)
+
+    def init(self, seeds: Seeds) -> State:
+        """The server's merged update D (for evaluation) starts at 0; no stack exists before round 1."""
+        state = {f"{name}.D": np.zeros(shape, np.float32) for name, shape in self.problem.shapes.items()}
+        return state | head_arrays(self.problem.init_head(seeds))
+
+    def configure(self, state: State, round_: int, client_ids: list[str]) -> dict[str, Message]:
+        if sorted(client_ids) != sorted(self.ranks):
+            raise ValueError("FedStackLoRA needs every device in every round (each merges every stack)")
+        stack = {k: v for k, v in state.items() if k.endswith((".B_stack", ".A_stack")) or k.startswith("head/")}
+        return {cid: Message(stack, {"round": round_, "k": self.ranks[cid]}) for cid in client_ids}
+
+    def client_update(self, message: Message, client: ClientContext) -> Message:
+        k = message.meta["k"]
+        merged = client.state or {name: np.zeros(shape, np.float32) for name, shape in self.problem.shapes.items()}
+        blocks = {}
+        for name, (m, n) in self.problem.shapes.items():
+            if f"{name}.B_stack" in message:
+                merged[name] = merged[name] + self.scale * message[f"{name}.B_stack"] @ message[f"{name}.A_stack"]
+            blocks[name] = (np.zeros((m, k), np.float32), self.problem.init_a(client.torch_rng, k, n))
+        client.state = merged
+        trained, head = self.problem.local_train(blocks, head_of(message), self.scale, merged, client.data,
+                                                 client.torch_rng)
+        arrays = {}
+        for name, (B, A) in trained.items():
+            arrays[f"{name}.B"], arrays[f"{name}.A"] = B, A
+        return Message(arrays | head_arrays(head), {"k": k})
+
+    def aggregate(self, state: State, replies: dict[str, Message], round_: int) -> State:
+        ids = sorted(replies)
+        new = dict(state)
+        for name in self.problem.shapes:
+            b_stack = np.concatenate([replies[c][f"{name}.B"] for c in ids], axis=1)
+            a_stack = np.concatenate([replies[c][f"{name}.A"] for c in ids], axis=0) / len(ids)
+            new[f"{name}.B_stack"], new[f"{name}.A_stack"] = b_stack, a_stack.astype(np.float32)
+            new[f"{name}.D"] = (state[f"{name}.D"] + self.scale * b_stack @ a_stack).astype(np.float32)
+        return new | mean_head([replies[c] for c in ids])
+
+    def evaluate(self, state: State, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
+        return self.problem.evaluate({name: state[f"{name}.D"] for name in self.problem.shapes}, head_of(state))

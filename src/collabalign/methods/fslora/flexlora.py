@@ -1,0 +1,73 @@
+"""FlexLoRA (Bai et al. 2024) as compared in FSLoRA: the server keeps the full update dW = (1/N) sum_i s B_i A_i,
+and each round hands device i the best rank-k_i approximation of it (truncated SVD, all of Sigma in B)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from collabalign.comm import Message
+from collabalign.federation.protocol import ClientContext
+from collabalign.methods.fslora.common import head_arrays, head_of, lora_scale, mean_head
+from collabalign.methods.fslora.problems import TorchLoRAProblem
+from collabalign.seeding import Seeds
+
+State = dict[str, np.ndarray]
+
+
+class FlexLoRA:
+    def __init__(self, problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0):
+        self.problem, self.ranks, self.rank = problem, ranks, rank
+        self.scale = lora_scale(alpha, rank)
+
+    def init(self, seeds: Seeds) -> State:
+        """dW = 0; A0 (r, n) is the common random init that round 1 hands out (SVD of 0 is degenerate)."""
+        gen = seeds.torch("lora-init")
+        state: State = {}
+        for name, (m, n) in self.problem.shapes.items():
+            state[f"{name}.dW"] = np.zeros((m, n), np.float32)
+            state[f"{name}.A0"] = self.problem.init_a(gen, self.rank, n)
+        return state | head_arrays(self.problem.init_head(seeds))
+
+    def configure(self, state: State, round_: int, client_ids: list[str]) -> dict[str, Message]:
+        factors = {}
+        for name, (m, _) in self.problem.shapes.items():
+            if round_ == 1:
+                factors[name] = (np.zeros((m, self.rank), np.float32), state[f"{name}.A0"])
+            else:  # one SVD per layer per round, truncated per device below
+                u, sigma, vt = np.linalg.svd(state[f"{name}.dW"].astype(np.float64), full_matrices=False)
+                r = min(self.rank, len(sigma))
+                factors[name] = ((u[:, :r] * sigma[:r] / self.scale).astype(np.float32), vt[:r].astype(np.float32))
+        head = {k: v for k, v in state.items() if k.startswith("head/")}
+        out = {}
+        for cid in client_ids:
+            k = self.ranks[cid]
+            arrays = {}
+            for name, (B, A) in factors.items():
+                arrays[f"{name}.B"], arrays[f"{name}.A"] = B[:, :k], A[:k]
+            out[cid] = Message(arrays | head, {"round": round_, "k": k})
+        return out
+
+    def client_update(self, message: Message, client: ClientContext) -> Message:
+        blocks = {name: (message[f"{name}.B"], message[f"{name}.A"]) for name in self.problem.shapes}
+        trained, head = self.problem.local_train(blocks, head_of(message), self.scale, None, client.data,
+                                                 client.torch_rng)
+        arrays = {}
+        for name, (B, A) in trained.items():
+            arrays[f"{name}.B"], arrays[f"{name}.A"] = B, A
+        return Message(arrays | head_arrays(head), {"k": message.meta["k"]})
+
+    def aggregate(self, state: State, replies: dict[str, Message], round_: int) -> State:
+        """dW = (1/N) sum_i s B_i A_i, with the factors zero-padded to rank r and multiplied in one einsum."""
+        ids = sorted(replies)
+        new = dict(state)
+        for name, (m, n) in self.problem.shapes.items():
+            b = np.zeros((len(ids), m, self.rank), np.float64)
+            a = np.zeros((len(ids), self.rank, n), np.float64)
+            for j, cid in enumerate(ids):
+                k = replies[cid][f"{name}.B"].shape[1]
+                b[j, :, :k], a[j, :k] = replies[cid][f"{name}.B"], replies[cid][f"{name}.A"]
+            new[f"{name}.dW"] = (self.scale * np.einsum("imr,irn->mn", b, a) / len(ids)).astype(np.float32)
+        return new | mean_head([replies[c] for c in ids])
+
+    def evaluate(self, state: State, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
+        return self.problem.evaluate({name: state[f"{name}.dW"] for name in self.problem.shapes}, head_of(state))

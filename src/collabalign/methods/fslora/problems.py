@@ -1,0 +1,152 @@
+"""What a device trains in the heterogeneous-rank LoRA family: a torch model whose adapted layers are
+`LoRALinear`s, plus a densely trained head. The algorithms only exchange numpy factors with it:
+
+- `local_train(factors, head, scale, base, data, rng)`: H plain-SGD steps on rank-k blocks
+  {layer: (B (m, k), A (k, n))} with y = (W0 + base) x + scale * B A x; returns the trained blocks and head.
+- `evaluate(delta, head)`: metrics of W0 + delta (dense, per layer) and the head on the held-out set.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from collabalign.lora.inject import lora_layers
+from collabalign.seeding import Seeds
+
+Params = dict[str, np.ndarray]
+Factors = dict[str, tuple[np.ndarray, np.ndarray]]  # layer -> (B (m, k), A (k, n))
+
+
+@dataclass
+class ClassificationData:
+    """Inputs (any tensor the model takes, first dim = samples) and integer labels."""
+
+    x: Tensor
+    y: Tensor
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, rows) -> ClassificationData:
+        return ClassificationData(self.x[rows], self.y[rows])
+
+
+class TorchLoRAProblem:
+    """A classifier `model` (LoRA layers + head parameters named `head_names`) trained with cross-entropy."""
+
+    def __init__(self, model: nn.Module, head_names: list[str], test: ClassificationData, steps: int, lr: float,
+                 batch_size: int = 16, metric: Callable[[Tensor, Tensor], float] | None = None,
+                 eval_batch_size: int = 512):
+        self.model, self.test, self.steps, self.lr, self.batch_size = model, test, steps, lr, batch_size
+        self.layers = lora_layers(model)
+        self.w0 = {name: layer.base.weight.detach().clone() for name, layer in self.layers.items()}
+        params = dict(model.named_parameters())
+        self.head = {name: params[name].requires_grad_(True) for name in head_names}
+        self.metric = metric or (lambda pred, y: float((pred == y).double().mean()))
+        self.eval_batch_size = eval_batch_size
+
+    @property
+    def shapes(self) -> dict[str, tuple[int, int]]:
+        """(m, n) = (out, in) of each adapted layer."""
+        return {name: tuple(w.shape) for name, w in self.w0.items()}
+
+    def init_head(self, seeds: Seeds) -> Params:
+        """A fresh head: PyTorch's default uniform init, drawn from `seeds`."""
+        gen = seeds.torch("head-init")
+        out = {}
+        for name, p in self.head.items():
+            fan_in = p.shape[1] if p.dim() == 2 else p.shape[0]
+            bound = 1 / math.sqrt(fan_in)
+            out[name] = (torch.rand(p.shape, generator=gen) * 2 * bound - bound).numpy()
+        return out
+
+    def init_a(self, generator: torch.Generator, k: int, n: int) -> np.ndarray:
+        """PEFT's default for A: uniform(-1/sqrt(n), 1/sqrt(n))."""
+        bound = 1 / math.sqrt(n)
+        return (torch.rand(k, n, generator=generator) * 2 * bound - bound).numpy()
+
+    def _load(self, factors: Factors | None, head: Params, scale: float | dict[str, float],
+              base: dict[str, np.ndarray] | None) -> None:
+        with torch.no_grad():
+            for name, layer in self.layers.items():
+                w = self.w0[name] if base is None else self.w0[name] + torch.from_numpy(base[name])
+                layer.base.weight.copy_(w)
+                layer.enabled = factors is not None
+                if factors is not None:
+                    B, A = factors[name]
+                    s = scale[name] if isinstance(scale, dict) else scale
+                    layer.set_factors(torch.from_numpy(A), torch.from_numpy(B), s)
+            for name, p in self.head.items():
+                p.copy_(torch.from_numpy(head[name]))
+
+    def loss(self, batch: ClassificationData) -> Tensor:
+        return F.cross_entropy(self.model(batch.x), batch.y)
+
+    def local_train(self, factors: Factors, head: Params, scale: float | dict[str, float],
+                    base: dict[str, np.ndarray] | None, data: ClassificationData,
+                    rng: torch.Generator) -> tuple[Factors, Params]:
+        """`steps` SGD steps on minibatches drawn with replacement; only the blocks and the head move."""
+        self._load(factors, head, scale, base)
+        params = [p for layer in self.layers.values() for p in (layer.B, layer.A)] + list(self.head.values())
+        optimizer = torch.optim.SGD(params, lr=self.lr)
+        for _ in range(self.steps):
+            rows = torch.randint(len(data), (min(self.batch_size, len(data)),), generator=rng)
+            loss = self.loss(data[rows])
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        trained = {n: (lay.B.detach().numpy().copy(), lay.A.detach().numpy().copy()) for n, lay in self.layers.items()}
+        return trained, {n: p.detach().numpy().copy() for n, p in self.head.items()}
+
+    @torch.no_grad()
+    def evaluate(self, delta: dict[str, np.ndarray], head: Params) -> dict[str, float]:
+        """Metric and loss of the model W0 + delta (LoRA off) on the held-out set."""
+        self._load(None, head, 1.0, delta)
+        logits = torch.cat([self.model(self.test.x[s:s + self.eval_batch_size])
+                            for s in range(0, len(self.test), self.eval_batch_size)])
+        return {"accuracy": self.metric(logits.argmax(-1), self.test.y),
+                "loss": float(F.cross_entropy(logits, self.test.y))}
+
+
+class TeacherStudentMLP(nn.Module):
+    """x -> head(tanh(hidden(x))): the §8.2 synthetic problem, with LoRA on `hidden`."""
+
+    def __init__(self, dim: int, classes: int):
+        super().__init__()
+        self.hidden = nn.Linear(dim, dim)
+        self.head = nn.Linear(dim, classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(torch.tanh(self.hidden(x)))
+
+
+def teacher_student(seeds: Seeds, n_train: int, n_test: int, dim: int = 64, classes: int = 10,
+                    update_rank: int = 24, gumbel: float = 0.5) -> tuple[TeacherStudentMLP, ClassificationData,
+                                                                          ClassificationData]:
+    """A 'pretrained' student (W0, head) and labels from a teacher with W0 + a rank-`update_rank` update.
+
+    Labels are argmax(teacher logits + gumbel * Gumbel noise); x ~ N(0, I). Returns (student, train, test).
+    """
+    gen = seeds.torch("teacher-student")
+    student = TeacherStudentMLP(dim, classes)
+    with torch.no_grad():
+        student.hidden.weight.copy_(torch.randn(dim, dim, generator=gen) / math.sqrt(dim))
+        student.hidden.bias.zero_()
+        student.head.weight.copy_(torch.randn(classes, dim, generator=gen) / math.sqrt(dim))
+        student.head.bias.zero_()
+        teacher = TeacherStudentMLP(dim, classes)
+        teacher.load_state_dict(student.state_dict())
+        update = torch.randn(dim, update_rank, generator=gen) @ torch.randn(update_rank, dim, generator=gen)
+        teacher.hidden.weight += update / math.sqrt(dim * update_rank)  # entries ~ N(0, 1/dim), like W0
+        x = torch.randn(n_train + n_test, dim, generator=gen)
+        noise = -torch.log(-torch.log(torch.rand(len(x), classes, generator=gen).clamp_min(1e-12)))
+        y = (teacher(x) + gumbel * noise).argmax(-1)
+    data = ClassificationData(x, y)
+    return student, data[:n_train], data[n_train:]
