@@ -7,7 +7,8 @@ import torch
 from collabalign.data import dirichlet, tiny_preferences
 from collabalign.lora import inject_lora
 from collabalign.methods.reward_trainer import RewardTrainer, encode_pairs
-from collabalign.models.reward import RewardModel, layer_stack, top_block_targets
+from collabalign.models.pooled import layer_stack, top_block_targets
+from collabalign.models.reward import RewardModel
 
 
 def reward_problem(backbone, targets, n_pairs=120, n_clients=3, lr=1e-3, epochs=1, n_blocks=1):

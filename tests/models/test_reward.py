@@ -5,14 +5,8 @@ import torch
 
 from collabalign.lora import inject_lora, lora_layers
 from collabalign.models.backbones import minilm_l6, tiny_llama
-from collabalign.models.reward import (
-    RewardModel,
-    bt_loss,
-    layer_stack,
-    preference_accuracy,
-    tokenize,
-    top_block_targets,
-)
+from collabalign.models.pooled import layer_stack, tokenize, top_block_targets
+from collabalign.models.reward import RewardModel, bt_loss, preference_accuracy
 
 TEXTS = ["Human: how do I bake bread? Assistant: Mix flour, water and yeast, then bake it.", "No.",
          "Human: tell me a joke Assistant: Why did the chicken cross the road?"]

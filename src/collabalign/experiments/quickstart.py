@@ -17,7 +17,8 @@ from collabalign.lora.inject import inject_lora
 from collabalign.methods.fedavg import FedAvg, LocalOnly
 from collabalign.methods.reward_trainer import RewardTrainer, encode_pairs
 from collabalign.models.backbones import load_backbone
-from collabalign.models.reward import RewardModel, layer_stack, top_block_targets
+from collabalign.models.pooled import layer_stack, top_block_targets
+from collabalign.models.reward import RewardModel
 from collabalign.runs import RunDir, claim
 from collabalign.seeding import Seeds
 

@@ -13,7 +13,8 @@ from torch import Tensor
 from collabalign.data.preferences import PreferencePair
 from collabalign.lora.inject import lora_layers
 from collabalign.methods.fedavg import Params
-from collabalign.models.reward import RewardModel, Tokens, bt_loss, pair_texts, preference_accuracy, tokenize
+from collabalign.models.pooled import Tokens, tokenize
+from collabalign.models.reward import RewardModel, bt_loss, pair_texts, preference_accuracy
 from collabalign.seeding import Seeds
 
 

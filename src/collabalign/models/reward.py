@@ -1,18 +1,16 @@
-"""Reward model = backbone (+ LoRA) + scalar head; Bradley–Terry loss; preference accuracy; and an optional cache
-of the frozen lower layers' hidden states, so training LoRA on the top layers costs only those layers."""
+"""Reward model = backbone (+ LoRA) + scalar head (a `PooledModel` with one output); Bradley–Terry loss;
+preference accuracy."""
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from collabalign.data.preferences import PreferencePair
+from collabalign.models.pooled import PooledModel, Tokens
 
 
 def bt_loss(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
@@ -25,131 +23,17 @@ def preference_accuracy(r_chosen: Tensor, r_rejected: Tensor) -> float:
     return float(((r_chosen > r_rejected).double() + 0.5 * (r_chosen == r_rejected).double()).mean())
 
 
-@dataclass
-class Tokens:
-    """Right-padded token ids and attention mask for a list of texts."""
-
-    input_ids: Tensor
-    attention_mask: Tensor
-
-    def __getitem__(self, rows) -> Tokens:
-        return Tokens(self.input_ids[rows], self.attention_mask[rows])
-
-    def __len__(self) -> int:
-        return len(self.input_ids)
-
-
-def tokenize(tokenizer, texts: Sequence[str], max_length: int) -> Tokens:
-    """Tokenises with truncation from the left, keeping the end of a dialogue, where the judged reply is."""
-    tokenizer.truncation_side = "left"
-    tokenizer.padding_side = "right"
-    enc = tokenizer(list(texts), truncation=True, max_length=max_length, padding=True, return_tensors="pt")
-    return Tokens(enc["input_ids"], enc["attention_mask"])
-
-
 def pair_texts(pairs: Sequence[PreferencePair]) -> tuple[list[str], list[str]]:
     """(prompt + chosen, prompt + rejected) for each pair: the texts a reward model scores."""
     return [p.prompt + p.chosen for p in pairs], [p.prompt + p.rejected for p in pairs]
 
 
-def layer_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
-    """The name and list of the transformer's blocks (BERT `encoder.layer`, Llama `layers`, GPT-2 `h`, ...)."""
-    n = model.config.num_hidden_layers
-    for name, module in model.named_modules():
-        if isinstance(module, nn.ModuleList) and len(module) == n:
-            return name, module
-    raise ValueError(f"{type(model).__name__}: no ModuleList of {n} blocks found")
-
-
-def top_block_targets(model: nn.Module, n_blocks: int, names: Sequence[str]) -> list[str]:
-    """inject_lora targets (one regex) for the linear layers called `names` in the top `n_blocks` blocks."""
-    stack, blocks = layer_stack(model)
-    if not 0 < n_blocks <= len(blocks):
-        raise ValueError(f"n_blocks must be in 1..{len(blocks)}, got {n_blocks}")
-    top = "|".join(str(i) for i in range(len(blocks) - n_blocks, len(blocks)))
-    return [rf"{re.escape(stack)}\.({top})\.(.*\.)?({'|'.join(map(re.escape, names))})"]
-
-
-class _Passthrough(nn.Module):
-    def forward(self, hidden_states: Tensor, *args, **kwargs) -> Tensor:
-        return hidden_states
-
-
-class _Stop(Exception):
-    pass
-
-
-class RewardModel(nn.Module):
-    """r(x) = head(pool(h(x))): mean over tokens for encoders, last real token for causal models."""
+class RewardModel(PooledModel):
+    """r(x) = w . pool(h(x)) + b: a pooled model with one output, returned as shape (batch,)."""
 
     def __init__(self, backbone: nn.Module, causal: bool, generator: torch.Generator | None = None):
-        super().__init__()
-        self.backbone = backbone.base_model  # hidden states, without any LM head
-        self.causal = causal
-        hidden = backbone.config.hidden_size
-        self.head = nn.Linear(hidden, 1)
-        with torch.no_grad():
-            self.head.weight.copy_(torch.randn(1, hidden, generator=generator) / hidden**0.5)
-            self.head.bias.zero_()
-
-    def pool(self, hidden: Tensor, mask: Tensor) -> Tensor:
-        if self.causal:
-            last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # works for left or right padding
-            return hidden[torch.arange(len(hidden)), last]
-        m = mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+        super().__init__(backbone, causal, 1, generator)
 
     def forward(self, tokens: Tokens, features: Tensor | None = None, split: int = 0) -> Tensor:
-        """Rewards, shape (batch,). With `features` (from `lower_features(tokens, split)`), blocks below `split`
-        are skipped and their cached output is fed to block `split`."""
-        with self._from_features(features, split):
-            out = self.backbone(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
-        return self.head(self.pool(out.last_hidden_state, tokens.attention_mask)).squeeze(-1)
-
-    @torch.no_grad()
-    def lower_features(self, tokens: Tokens, split: int, batch_size: int = 64) -> Tensor:
-        """Hidden states entering block `split` (0 < split < n_blocks), computed once; valid while blocks
-        below `split` stay frozen (LoRA only in the blocks from `split` up)."""
-        _, blocks = layer_stack(self.backbone)
-        if not 0 < split < len(blocks):
-            raise ValueError(f"split must be in 1..{len(blocks) - 1}, got {split}")
-        captured: list[Tensor] = []
-
-        def capture(module, args, kwargs):
-            captured.append(args[0] if args else kwargs["hidden_states"])
-            raise _Stop
-
-        handle = blocks[split].register_forward_pre_hook(capture, with_kwargs=True)
-        try:
-            for start in range(0, len(tokens), batch_size):
-                batch = tokens[start:start + batch_size]
-                try:
-                    self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-                except _Stop:
-                    pass
-        finally:
-            handle.remove()
-        return torch.cat(captured)
-
-    @contextmanager
-    def _from_features(self, features: Tensor | None, split: int) -> Iterator[None]:
-        if features is None:
-            yield
-            return
-        _, blocks = layer_stack(self.backbone)
-        lower = [blocks[i] for i in range(split)]
-
-        def inject(module, args, kwargs):
-            if args:
-                return (features, *args[1:]), kwargs
-            return args, {**kwargs, "hidden_states": features}
-
-        handle = blocks[split].register_forward_pre_hook(inject, with_kwargs=True)
-        for i in range(split):
-            blocks[i] = _Passthrough()
-        try:
-            yield
-        finally:
-            handle.remove()
-            for i, block in enumerate(lower):
-                blocks[i] = block
+        """Rewards, shape (batch,); see `PooledModel.forward` for `features` and `split`."""
+        return super().forward(tokens, features, split).squeeze(-1)
