@@ -1,19 +1,21 @@
 """Device and server cost of FSLoRA against the heterogeneous-rank LoRA baselines, from one run.
 
 Setup: teacher-student MLP x -> head(tanh(hidden(x))), dim 512, 10 classes, LoRA on `hidden` with global rank
-r = 256 (so at k = r the LoRA forward + backward is ~6k/dim = 3x the frozen base's forward); float32, 8 devices
-with 512 samples each (an equal split), H = 10 local SGD steps of batch 128 per `client_update`.
-Every `client_update` / server step is run on fixed inputs (the same messages, the same round seeds).
+r = 256 (at k = r the LoRA matmuls, 5 per step forward + backward, are 5k/dim = 2.5x the frozen base's one);
+float32, one torch thread, 8 devices with 512 samples each (an equal split), H = 10 SGD steps of batch 128 per
+`client_update`. Every timed call reruns on fixed inputs (the same messages, state and round seeds).
 
-1. One device's `client_update` (H steps forward + backward on its rank-k block) and its upload bytes at
-   k/r = 1/8, 1/4, 1/2, 1, relative to k = r. Goal: time ~ O(k) plus the fixed base cost (<= 0.5 at 1/8),
-   upload = k/r (plus the head).
-2. Per-round device time (the 8 devices' `client_update`s, summed) of FSLoRA vs HeteroLoRA with the same
-   per-device ranks from `device_ranks` (paper ratios {1/8, 1/4, 1/2, 3/4}). Goal: ~1x.
-3. Server time per round (configure + aggregate, round 2 so FlexLoRA does its per-layer SVD) of FlexLoRA and
-   FedStackLoRA vs FSLoRA, and each method's mean per-device download bytes vs FSLoRA.
+1. One device's FSLoRA `client_update` (H steps forward + backward on its rank-k block) and its upload at
+   k/r = 1/8, 1/4, 1/2, 1, relative to k = r, next to a floor: the same H steps with LoRA off (frozen base
+   forward + head), which no rank can go below. Goal: the time above the floor ~ k/r (<= 0.3 at 1/8: sliced,
+   not masked); LoRA upload = k/r exactly (the head, 20 KiB, is sent at every k).
+2. Per-round device time (the 8 devices' `client_update`s, summed) of FSLoRA (Alg. 1's full download, and the
+   submatrix download) vs HeteroLoRA with the same per-device ranks from `device_ranks` (paper ratios
+   {1/8, 1/4, 1/2, 3/4}). Goal: ~1x (same block sizes; FSLoRA only adds a gather of its random block).
+3. Server time per round (configure + aggregate at round 2, so FlexLoRA pays its per-layer SVD) of FlexLoRA and
+   FedStackLoRA vs FSLoRA, and each method's mean per-device download vs FSLoRA's (Alg. 1 sends all of B, A).
 
-All times are medians of interleaved runs (timing.compare), so each ratio is measured side by side.
+Times are medians of interleaved runs (timing.compare), so each ratio is measured side by side.
 Run: OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/fslora_cost.py
 """
 
@@ -28,6 +30,7 @@ from collabalign.comm import Message
 from collabalign.federation.protocol import ClientContext
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, device_ranks, fslora, heterolora
+from collabalign.methods.fslora.common import head_of
 from collabalign.methods.fslora.problems import TorchLoRAProblem, teacher_student
 from collabalign.seeding import Seeds
 
@@ -66,6 +69,10 @@ class Run:
         return messages, replies
 
 
+def lora_bytes(message: Message) -> int:
+    return sum(a.nbytes for name, a in message.items() if not name.startswith("head/"))
+
+
 def device_step(seeds, problem, clients) -> None:
     cid = "d0"
     one = {cid: clients[cid]}
@@ -73,14 +80,26 @@ def device_step(seeds, problem, clients) -> None:
     for k in (RANK // 8, RANK // 4, RANK // 2, RANK):
         run = Run(fslora(problem, {cid: k}, RANK), one, seeds)
         messages[k] = run.algorithm.configure(run.state, 1, [cid])[cid]
-        uploads[k] = run.device(cid, messages[k], 1).array_nbytes
+        uploads[k] = run.device(cid, messages[k], 1)
         runs[k] = run
-    times = compare({k: (lambda k=k: runs[k].device(cid, messages[k], 1)) for k in runs})
-    print(f"1. one device's client_update: {STEPS} SGD steps x batch {BATCH}, FSLoRA rank-k block of r={RANK}")
-    print(f"{'k/r':>8} {'ms':>8} {'time/(k=r)':>11} {'upload KiB':>11} {'upload/(k=r)':>13}")
-    for k, t in times.items():
-        print(f"{k / RANK:>8.3f} {t * 1e3:>8.1f} {t / times[RANK]:>11.2f} {uploads[k] / 1024:>11.1f} "
-              f"{uploads[k] / uploads[RANK]:>13.3f}")
+    ctx = ClientContext(cid, clients[cid])
+
+    def lora_off() -> None:  # the same local_train with the LoRA layer disabled (factors=None)
+        ctx.seed_round(seeds, 1)
+        problem.local_train(None, head_of(messages[RANK]), 1.0, None, ctx.data, ctx.torch_rng)
+
+    candidates = {k: (lambda k=k: runs[k].device(cid, messages[k], 1)) for k in runs} | {"off": lora_off}
+    times = compare(candidates)
+    full, floor = times[RANK], times["off"]
+    print(f"1. one device's FSLoRA client_update: {STEPS} SGD steps x batch {BATCH} on a rank-k block of r={RANK}")
+    print(f"{'k/r':>8} {'ms':>8} {'time/(k=r)':>11} {'above floor':>12} {'upload KiB':>11} {'LoRA upload':>12}")
+    for k in runs:
+        print(f"{k / RANK:>8.3f} {times[k] * 1e3:>8.1f} {times[k] / full:>11.2f} "
+              f"{(times[k] - floor) / (full - floor):>12.2f} {uploads[k].array_nbytes / 1024:>11.1f} "
+              f"{lora_bytes(uploads[k]) / lora_bytes(uploads[RANK]):>12.3f}")
+    print(f"{'LoRA off':>8} {floor * 1e3:>8.1f} {floor / full:>11.2f}   (floor: base forward + head, no LoRA)")
+    print("(time/(k=r) and 'above floor' = (t - floor)/(t_r - floor) are relative to k = r; upload KiB includes "
+          "the head, 'LoRA upload' is dB, dA alone relative to k = r)")
 
 
 def round_device_time(seeds, problem, clients, ranks) -> None:
@@ -96,7 +115,7 @@ def round_device_time(seeds, problem, clients, ranks) -> None:
         for cid, msg in messages[name].items():
             runs[name].device(cid, msg, 1)
 
-    times = compare({name: (lambda n=name: all_devices(n)) for name in runs}, rounds=9)
+    times = compare({name: (lambda n=name: all_devices(n)) for name in runs})
     print(f"\n2. per-round device time, {DEVICES} devices summed, ranks k = {sorted(ranks.values())}")
     print(f"{'method':>20} {'ms':>8} {'/HeteroLoRA':>12}")
     for name, t in times.items():
@@ -126,7 +145,7 @@ def server_time(seeds, problem, clients, ranks) -> None:
     for name in runs:
         candidates[(name, "configure")] = lambda n=name: configure(n)
         candidates[(name, "aggregate")] = lambda n=name: aggregate(n)
-    times = compare(candidates, rounds=9)
+    times = compare(candidates)
     total = {name: times[(name, "configure")] + times[(name, "aggregate")] for name in runs}
     print(f"\n3. server per round (round 2), {DEVICES} devices; download = mean per device")
     print(f"{'method':>20} {'configure ms':>13} {'aggregate ms':>13} {'total/FSLoRA':>13} {'download KiB':>13} "

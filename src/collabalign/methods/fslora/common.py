@@ -7,6 +7,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import torch
 
 from collabalign.comm import Message
 from collabalign.seeding import Seeds
@@ -47,10 +48,7 @@ def scatter_mean(shape: tuple[int, int], axis: int, blocks: Sequence[np.ndarray]
                  n_devices: int) -> np.ndarray:
     """(1/N) * sum_i of block_i placed at positions indices_i along `axis` (columns of B: axis 1; rows of A:
     axis 0), zeros elsewhere, in one scatter-add. Positions no device touched stay 0."""
-    acc = np.zeros(shape, dtype=np.float64)
-    idx = np.concatenate(indices)
-    if axis == 1:
-        np.add.at(acc.T, idx, np.concatenate([b.T for b in blocks]))
-    else:
-        np.add.at(acc, idx, np.concatenate(blocks))
-    return acc / n_devices
+    idx = torch.from_numpy(np.concatenate(indices).astype(np.int64))
+    stacked = torch.from_numpy(np.concatenate(blocks, axis=axis).astype(np.float64))
+    acc = torch.zeros(shape, dtype=torch.float64).index_add_(axis, idx, stacked)
+    return (acc / n_devices).numpy()

@@ -57,16 +57,13 @@ class FlexLoRA:
         return Message(arrays | head_arrays(head), {"k": message.meta["k"]})
 
     def aggregate(self, state: State, replies: dict[str, Message], round_: int) -> State:
-        """dW = (1/N) sum_i s B_i A_i, with the factors zero-padded to rank r and multiplied in one einsum."""
+        """dW = (1/N) sum_i s B_i A_i = (s/N) [B_1 ... B_N] [A_1; ...; A_N]: one product of the stacked factors."""
         ids = sorted(replies)
         new = dict(state)
-        for name, (m, n) in self.problem.shapes.items():
-            b = np.zeros((len(ids), m, self.rank), np.float64)
-            a = np.zeros((len(ids), self.rank, n), np.float64)
-            for j, cid in enumerate(ids):
-                k = replies[cid][f"{name}.B"].shape[1]
-                b[j, :, :k], a[j, :k] = replies[cid][f"{name}.B"], replies[cid][f"{name}.A"]
-            new[f"{name}.dW"] = (self.scale * np.einsum("imr,irn->mn", b, a) / len(ids)).astype(np.float32)
+        for name in self.problem.shapes:
+            b = np.concatenate([replies[c][f"{name}.B"] for c in ids], axis=1).astype(np.float64)
+            a = np.concatenate([replies[c][f"{name}.A"] for c in ids], axis=0).astype(np.float64)
+            new[f"{name}.dW"] = (self.scale / len(ids) * b @ a).astype(np.float32)
         return new | mean_head([replies[c] for c in ids])
 
     def evaluate(self, state: State, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:

@@ -11,13 +11,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from collabalign.lora.inject import lora_layers
+from collabalign.data.glue import glue_metric, load_glue
+from collabalign.lora.inject import inject_lora, lora_layers
+from collabalign.models.backbones import Backbone
+from collabalign.models.pooled import PooledModel, Tokens, layer_stack, tokenize, top_block_targets
 from collabalign.seeding import Seeds
 
 Params = dict[str, np.ndarray]
@@ -42,14 +46,14 @@ class TorchLoRAProblem:
     """A classifier `model` (LoRA layers + head parameters named `head_names`) trained with cross-entropy."""
 
     def __init__(self, model: nn.Module, head_names: list[str], test: ClassificationData, steps: int, lr: float,
-                 batch_size: int = 16, metric: Callable[[Tensor, Tensor], float] | None = None,
+                 batch_size: int = 16, metric: tuple[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
                  eval_batch_size: int = 512):
         self.model, self.test, self.steps, self.lr, self.batch_size = model, test, steps, lr, batch_size
         self.layers = lora_layers(model)
         self.w0 = {name: layer.base.weight.detach().clone() for name, layer in self.layers.items()}
         params = dict(model.named_parameters())
         self.head = {name: params[name].requires_grad_(True) for name in head_names}
-        self.metric = metric or (lambda pred, y: float((pred == y).double().mean()))
+        self.metric = metric  # (name, fn(preds, labels)) reported beside accuracy, e.g. Matthews corr. for CoLA
         self.eval_batch_size = eval_batch_size
 
     @property
@@ -111,8 +115,12 @@ class TorchLoRAProblem:
         self._load(None, head, 1.0, delta)
         logits = torch.cat([self.model(self.test.x[s:s + self.eval_batch_size])
                             for s in range(0, len(self.test), self.eval_batch_size)])
-        return {"accuracy": self.metric(logits.argmax(-1), self.test.y),
-                "loss": float(F.cross_entropy(logits, self.test.y))}
+        preds = logits.argmax(-1)
+        out = {"accuracy": float((preds == self.test.y).double().mean()),
+               "loss": float(F.cross_entropy(logits, self.test.y))}
+        if self.metric is not None:
+            out[self.metric[0]] = self.metric[1](preds.numpy(), self.test.y.numpy())
+        return out
 
 
 class TeacherStudentMLP(nn.Module):
@@ -139,7 +147,7 @@ def teacher_student(seeds: Seeds, n_train: int, n_test: int, dim: int = 64, clas
     with torch.no_grad():
         student.hidden.weight.copy_(torch.randn(dim, dim, generator=gen) / math.sqrt(dim))
         student.hidden.bias.zero_()
-        student.head.weight.copy_(torch.randn(classes, dim, generator=gen) / math.sqrt(dim))
+        student.head.weight.copy_(torch.randn(classes, dim, generator=gen))  # logits ~ N(0, ~dim/3) >> Gumbel
         student.head.bias.zero_()
         teacher = TeacherStudentMLP(dim, classes)
         teacher.load_state_dict(student.state_dict())
@@ -150,3 +158,44 @@ def teacher_student(seeds: Seeds, n_train: int, n_test: int, dim: int = 64, clas
         y = (teacher(x) + gumbel * noise).argmax(-1)
     data = ClassificationData(x, y)
     return student, data[:n_train], data[n_train:]
+
+
+class CachedTextClassifier(nn.Module):
+    """A `PooledModel` whose input is a tensor of row indices into texts encoded once (tokens + the features
+    entering block `split`), so a device step runs only the LoRA blocks and the head."""
+
+    def __init__(self, pooled: PooledModel, tokens: Tokens, features: Tensor, split: int):
+        super().__init__()
+        self.pooled, self.split = pooled, split
+        self.tokens, self.features = tokens, features  # plain attributes: not parameters, not in state_dict
+
+    def forward(self, rows: Tensor) -> Tensor:
+        tokens = self.tokens[rows]
+        length = int(tokens.attention_mask.sum(1).max())
+        return self.pooled(tokens[:, :length], self.features[rows, :length], self.split)
+
+
+def glue_problem(task: str, root: Path, backbone: Backbone, seeds: Seeds, rank: int, max_train: int,
+                 max_length: int, lora_blocks: int, targets: list[str], steps: int, lr: float,
+                 batch_size: int = 16) -> tuple[TorchLoRAProblem, ClassificationData]:
+    """A GLUE task as a LoRA problem: `max_train` training examples (a seeded subset of the train split when it
+    is larger), the dev split as the test set, LoRA of global rank `rank` on `targets` of the top `lora_blocks`
+    blocks, a fresh linear head on mean-pooled states; returns (problem, training data)."""
+    train_set, dev_set = load_glue(task, "train", root), load_glue(task, "dev", root)
+    keep = np.sort(seeds.numpy("glue-subset", task).permutation(len(train_set))[:max_train])
+    pick = (lambda xs, rows: [xs[i] for i in rows])
+    text_a = pick(train_set.text_a, keep) + dev_set.text_a
+    text_b = pick(train_set.text_b, keep) + dev_set.text_b if train_set.text_b is not None else None
+    pooled = PooledModel(backbone.model, backbone.causal, train_set.num_labels)
+    inject_lora(pooled.backbone, top_block_targets(pooled.backbone, lora_blocks, targets), rank)
+    split = len(layer_stack(pooled.backbone)[1]) - lora_blocks
+    tokens = tokenize(backbone.tokenizer, text_a, max_length, text_b, truncation_side="right")
+    model = CachedTextClassifier(pooled, tokens, pooled.lower_features(tokens, split), split)
+    labels = torch.from_numpy(np.concatenate([train_set.labels[keep], dev_set.labels]))
+    rows = torch.arange(len(labels))
+    data = ClassificationData(rows, labels)
+    test = data[len(keep):]
+    metric = None if dev_set.metric == "accuracy" else (dev_set.metric, lambda p, y: glue_metric(task, p, y))
+    problem = TorchLoRAProblem(model, ["pooled.head.weight", "pooled.head.bias"], test, steps, lr, batch_size,
+                               metric)
+    return problem, data[: len(keep)]
