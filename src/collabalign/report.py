@@ -46,11 +46,9 @@ def plot_metric_per_round(records: list[dict[str, Any]], metric: str, path: Path
             series[label][r["round"]].append(float(r[metric]))
     if not series:
         return False
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, by_round in sorted(series.items()):
-        rounds = sorted(by_round)
-        ax.plot(rounds, [sum(by_round[x]) / len(by_round[x]) for x in rounds], marker=".", label=label)
-    _finish(fig, ax, metric, title or f"{metric} per round", path)
+    lines = {label: (sorted(by_round), [sum(by_round[x]) / len(by_round[x]) for x in sorted(by_round)])
+             for label, by_round in sorted(series.items())}
+    line_plot(path, lines, "round", metric, title or f"{metric} per round")
     return True
 
 
@@ -68,9 +66,20 @@ def plot_bytes_per_round(run: RunDir, path: Path) -> bool:
     return True
 
 
-def _finish(fig: plt.Figure, ax: plt.Axes, ylabel: str, title: str, path: Path) -> None:
-    """Labels a per-round line plot, adds the legend and saves it as PNG."""
-    ax.set_xlabel("round")
+def line_plot(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str,
+              title: str, log_x: bool = False) -> None:
+    """One line per label (x values, y values), saved as PNG at `path`."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, (xs, ys) in series.items():
+        ax.plot(xs, ys, marker=".", label=label)
+    if log_x:
+        ax.set_xscale("log", base=2)
+    _finish(fig, ax, ylabel, title, path, xlabel)
+
+
+def _finish(fig: plt.Figure, ax: plt.Axes, ylabel: str, title: str, path: Path, xlabel: str = "round") -> None:
+    """Labels a line plot, adds the legend and saves it as PNG."""
+    ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
@@ -85,7 +94,7 @@ def write_report(path: str | Path, title: str = "", plot_metrics: tuple[str, ...
     run = RunDir(path)
     summary = run.read_summary()
     records = run.read_metrics() if (run.path / "metrics.jsonl").exists() else []
-    metrics_to_plot = plot_metrics or tuple(summary.get("plot_metrics", ())) or ("accuracy",)
+    metrics_to_plot = plot_metrics or tuple(summary.get("plot_metrics", ("accuracy",)))  # [] in summary: none
     lines = [f"# {title or summary.get('title', run.path.name)}", ""]
     if summary.get("notes"):
         lines += [str(n) for n in summary["notes"]] + [""]

@@ -77,7 +77,7 @@ class RunDir:
     def write_summary(self, claims: list[dict[str, Any]], metrics: dict[str, Any], notes: list[str] | None = None,
                       plot_metrics: list[str] | None = None) -> None:
         """summary.json: claims and metrics, plus optional report notes and the metrics to plot per round."""
-        extra = {k: v for k, v in (("notes", notes), ("plot_metrics", plot_metrics)) if v}
+        extra = {k: v for k, v in (("notes", notes), ("plot_metrics", plot_metrics)) if v is not None}
         summary = {"claims": claims, "metrics": metrics, **extra}
         atomic_write_text(self.path / "summary.json", json.dumps(summary, indent=2))
 

@@ -2,5 +2,6 @@
 which writes metrics.jsonl, ledger.csv, summary.json (claims + metrics) and plots into the run directory."""
 
 EXPERIMENTS: dict[str, str] = {
+    "fslora": "collabalign.experiments.fslora",
     "quickstart": "collabalign.experiments.quickstart",
 }

@@ -8,9 +8,10 @@
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -177,16 +178,20 @@ class CachedTextClassifier(nn.Module):
 
 def glue_problem(task: str, root: Path, backbone: Backbone, seeds: Seeds, rank: int, max_train: int,
                  max_length: int, lora_blocks: int, targets: list[str], steps: int, lr: float,
-                 batch_size: int = 16) -> tuple[TorchLoRAProblem, ClassificationData]:
+                 batch_size: int = 16, max_test: int | None = None) -> tuple[TorchLoRAProblem, ClassificationData]:
     """A GLUE task as a LoRA problem: `max_train` training examples (a seeded subset of the train split when it
-    is larger), the dev split as the test set, LoRA of global rank `rank` on `targets` of the top `lora_blocks`
-    blocks, a fresh linear head on mean-pooled states; returns (problem, training data)."""
+    is larger), the dev split (its first `max_test` rows, if given) as the test set, LoRA of global rank `rank`
+    on `targets` of the top `lora_blocks` blocks of a copy of the backbone, a fresh linear head on mean-pooled
+    states; returns (problem, training data)."""
     train_set, dev_set = load_glue(task, "train", root), load_glue(task, "dev", root)
+    if max_test is not None:
+        dev_set = replace(dev_set, text_a=dev_set.text_a[:max_test], labels=dev_set.labels[:max_test],
+                          text_b=None if dev_set.text_b is None else dev_set.text_b[:max_test])
     keep = np.sort(seeds.numpy("glue-subset", task).permutation(len(train_set))[:max_train])
     pick = (lambda xs, rows: [xs[i] for i in rows])
     text_a = pick(train_set.text_a, keep) + dev_set.text_a
     text_b = pick(train_set.text_b, keep) + dev_set.text_b if train_set.text_b is not None else None
-    pooled = PooledModel(backbone.model, backbone.causal, train_set.num_labels)
+    pooled = PooledModel(copy.deepcopy(backbone.model), backbone.causal, train_set.num_labels)  # caller's stays
     inject_lora(pooled.backbone, top_block_targets(pooled.backbone, lora_blocks, targets), rank)
     split = len(layer_stack(pooled.backbone)[1]) - lora_blocks
     tokens = tokenize(backbone.tokenizer, text_a, max_length, text_b, truncation_side="right")
