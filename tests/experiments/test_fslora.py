@@ -26,7 +26,8 @@ def test_every_claim_is_reported_with_a_verdict(toy_runs):
     assert len(names) == 10 and names[0].startswith("FSLoRA has the best average accuracy")
     assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
     assert set(summary["metrics"]["ablations"]) == {"E2", "E3", "E4", "E5"}
-    assert (toy_runs[0] / "plots" / "E1_synthetic.png").stat().st_size > 1000
+    for plot in ("E1_synthetic", "E2_equal_budget", "E3_ratio", "E4_global_rank", "E5_topk_upload"):
+        assert (toy_runs[0] / "plots" / f"{plot}.png").stat().st_size > 1000
     report = (toy_runs[0] / "report.md").read_text()
     assert "| synthetic | " in report and "| SST-2 |" not in report  # no GLUE rows without GLUE tasks
 
