@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from collabalign.cli import config_path, main
+from collabalign.cli import CONFIG_DIR, config_path, main
 
 TOY = ["seeds=[0]", "synthetic.n_train=200", "synthetic.n_test=200", "federation.devices=5", "federation.min_size=4",
        "federation.rounds=2", "federation.steps=2", "federation.eval_every=1", "ablations.budget_ranks=[8]",
@@ -45,3 +45,27 @@ def test_records_carry_method_round_and_upload(toy_runs):
 def test_same_config_and_seed_give_byte_identical_metrics(toy_runs):
     a, b = toy_runs
     assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
+
+
+@pytest.mark.real
+def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
+    """The paper-scale config, with a tiny random BERT saved locally in place of roberta-base, on the CPU."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from collabalign.config import read_yaml, validate
+    from collabalign.experiments.fslora import Config
+    from collabalign.models.backbones import MINILM_PACKAGE, package_dir
+
+    path = CONFIG_DIR / "fslora" / "gpu_roberta.yaml"
+    cfg = validate(Config, {k: v for k, v in read_yaml(path).items() if k != "experiment"})
+    assert (cfg.glue.backbone, cfg.glue.lora_blocks, cfg.federation.rank) == ("roberta-base", 12, 64)
+    tiny = tmp_path / "tiny-bert"
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                         intermediate_size=64)).save_pretrained(tiny)
+    AutoTokenizer.from_pretrained(package_dir(MINILM_PACKAGE) / "model").save_pretrained(tiny)
+    overrides = [f"glue.backbone={tiny}", "glue.device=cpu", "glue.tasks=[RTE]", "glue.max_train=24",
+                 "glue.lora_blocks=2", "glue.max_length=32", *TOY[:-1], "federation.devices=3",
+                 "federation.min_size=2", "ablations.run=false", "theory.run=false", "--no-progress"]
+    assert main(["run", str(path), *overrides, "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert "RTE/fslora" in summary["metrics"]["E1"]

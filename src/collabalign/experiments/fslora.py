@@ -18,7 +18,7 @@ from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, device_ranks, fedlora, fslora, heterolora
 from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, glue_problem, teacher_student
 from collabalign.methods.fslora.theory import check_bias, check_rate, check_ratio_ordering, check_speedup
-from collabalign.models.backbones import minilm_l6
+from collabalign.models.backbones import load_backbone
 from collabalign.report import line_plot
 from collabalign.runs import RunDir, claim
 from collabalign.seeding import Seeds
@@ -45,10 +45,13 @@ class SyntheticConfig(Strict):
 
 class GlueConfig(Strict):
     tasks: list[str] = []
+    backbone: str = "minilm-l6"  # or any Hugging Face encoder name / path, e.g. roberta-base as in the paper
     max_train: int = 2000
     max_length: int = 64
-    lora_blocks: int = 1
+    lora_blocks: int = 1  # LoRA in the top N blocks; the blocks below run once, as cached features
+    targets: list[str] = ["query", "value"]
     lr: float = 0.5
+    device: str = "cpu"
 
 
 class FederationConfig(Strict):
@@ -170,10 +173,11 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     glue_root = shared_data_dir()
     if cfg.glue.tasks and glue_root is None:
         notes.append("**GLUE skipped:** ../shared/data not found.")
+    backbone = load_backbone(cfg.glue.backbone) if cfg.glue.tasks and glue_root is not None else None
     for task in cfg.glue.tasks if glue_root is not None else []:
-        problem, train = glue_problem(task, glue_root / "glue", minilm_l6(), Seeds(0), fed.rank, cfg.glue.max_train,
-                                      cfg.glue.max_length, cfg.glue.lora_blocks, ["query", "value"], fed.steps,
-                                      cfg.glue.lr, fed.batch_size)
+        problem, train = glue_problem(task, glue_root / "glue", backbone, Seeds(0), fed.rank, cfg.glue.max_train,
+                                      cfg.glue.max_length, cfg.glue.lora_blocks, cfg.glue.targets, fed.steps,
+                                      cfg.glue.lr, fed.batch_size, device=cfg.glue.device)
         for seed in cfg.seeds:
             clients = devices(train, fed, seed)
             for method in METHODS:

@@ -26,6 +26,9 @@ class Tokens:
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    def to(self, device: torch.device | str) -> Tokens:
+        return Tokens(self.input_ids.to(device), self.attention_mask.to(device))
+
 
 def tokenize(tokenizer, texts: Sequence[str], max_length: int, second: Sequence[str] | None = None,
              truncation_side: str = "left") -> Tokens:
@@ -108,14 +111,14 @@ class PooledModel(nn.Module):
         handle = blocks[split].register_forward_pre_hook(capture, with_kwargs=True)
         try:
             for start in range(0, len(tokens), batch_size):
-                batch = tokens[start:start + batch_size]
+                batch = tokens[start:start + batch_size].to(self.head.weight.device)
                 try:
                     self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
                 except _Stop:
                     pass
         finally:
             handle.remove()
-        return torch.cat(captured)
+        return torch.cat([c.cpu() for c in captured])  # kept on the CPU: the cache can outgrow accelerator memory
 
     @contextmanager
     def _from_features(self, features: Tensor | None, split: int) -> Iterator[None]:

@@ -48,8 +48,10 @@ class TorchLoRAProblem:
 
     def __init__(self, model: nn.Module, head_names: list[str], test: ClassificationData, steps: int, lr: float,
                  batch_size: int = 16, metric: tuple[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
-                 eval_batch_size: int = 512):
-        self.model, self.test, self.steps, self.lr, self.batch_size = model, test, steps, lr, batch_size
+                 eval_batch_size: int = 512, device: str = "cpu"):
+        self.device = torch.device(device)
+        self.model = model.to(self.device)
+        self.test, self.steps, self.lr, self.batch_size = test, steps, lr, batch_size
         self.layers = lora_layers(model)
         self.w0 = {name: layer.base.weight.detach().clone() for name, layer in self.layers.items()}
         params = dict(model.named_parameters())
@@ -81,18 +83,21 @@ class TorchLoRAProblem:
               base: dict[str, np.ndarray] | None) -> None:
         with torch.no_grad():
             for name, layer in self.layers.items():
-                w = self.w0[name] if base is None else self.w0[name] + torch.from_numpy(base[name])
+                w = self.w0[name] if base is None else self.w0[name] + self._tensor(base[name])
                 layer.base.weight.copy_(w)
                 layer.enabled = factors is not None
                 if factors is not None:
                     B, A = factors[name]
                     s = scale[name] if isinstance(scale, dict) else scale
-                    layer.set_factors(torch.from_numpy(A), torch.from_numpy(B), s)
+                    layer.set_factors(self._tensor(A), self._tensor(B), s)
             for name, p in self.head.items():
-                p.copy_(torch.from_numpy(head[name]))
+                p.copy_(self._tensor(head[name]))
+
+    def _tensor(self, array: np.ndarray) -> Tensor:
+        return torch.from_numpy(array).to(self.device)
 
     def loss(self, batch: ClassificationData) -> Tensor:
-        return F.cross_entropy(self.model(batch.x), batch.y)
+        return F.cross_entropy(self.model(batch.x.to(self.device)), batch.y.to(self.device))
 
     def local_train(self, factors: Factors, head: Params, scale: float | dict[str, float],
                     base: dict[str, np.ndarray] | None, data: ClassificationData,
@@ -107,14 +112,14 @@ class TorchLoRAProblem:
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
-        trained = {n: (lay.B.detach().numpy().copy(), lay.A.detach().numpy().copy()) for n, lay in self.layers.items()}
-        return trained, {n: p.detach().numpy().copy() for n, p in self.head.items()}
+        trained = {n: (_array(lay.B), _array(lay.A)) for n, lay in self.layers.items()}
+        return trained, {n: _array(p) for n, p in self.head.items()}
 
     @torch.no_grad()
     def evaluate(self, delta: dict[str, np.ndarray], head: Params) -> dict[str, float]:
         """Metric and loss of the model W0 + delta (LoRA off) on the held-out set."""
         self._load(None, head, 1.0, delta)
-        logits = torch.cat([self.model(self.test.x[s:s + self.eval_batch_size])
+        logits = torch.cat([self.model(self.test.x[s:s + self.eval_batch_size].to(self.device)).cpu()
                             for s in range(0, len(self.test), self.eval_batch_size)])
         preds = logits.argmax(-1)
         out = {"accuracy": float((preds == self.test.y).double().mean()),
@@ -122,6 +127,10 @@ class TorchLoRAProblem:
         if self.metric is not None:
             out[self.metric[0]] = self.metric[1](preds.numpy(), self.test.y.numpy())
         return out
+
+
+def _array(t: Tensor) -> np.ndarray:
+    return t.detach().cpu().numpy().copy()
 
 
 class TeacherStudentMLP(nn.Module):
@@ -162,23 +171,26 @@ def teacher_student(seeds: Seeds, n_train: int, n_test: int, dim: int = 64, clas
 
 
 class CachedTextClassifier(nn.Module):
-    """A `PooledModel` whose input is a tensor of row indices into texts encoded once (tokens + the features
-    entering block `split`), so a device step runs only the LoRA blocks and the head."""
+    """A `PooledModel` whose input is a tensor of row indices into texts tokenised once, with (when `split` > 0)
+    the features entering block `split` cached, so a device step runs only the LoRA blocks and the head."""
 
-    def __init__(self, pooled: PooledModel, tokens: Tokens, features: Tensor, split: int):
+    def __init__(self, pooled: PooledModel, tokens: Tokens, split: int):
         super().__init__()
-        self.pooled, self.split = pooled, split
-        self.tokens, self.features = tokens, features  # plain attributes: not parameters, not in state_dict
+        self.pooled, self.split, self.tokens = pooled, split, tokens  # tokens, features: CPU, not in state_dict
+        self.features = pooled.lower_features(tokens, split) if split > 0 else None
 
     def forward(self, rows: Tensor) -> Tensor:
-        tokens = self.tokens[rows]
+        cpu_rows = rows.cpu()
+        tokens = self.tokens[cpu_rows]
         length = int(tokens.attention_mask.sum(1).max())
-        return self.pooled(tokens[:, :length], self.features[rows, :length], self.split)
+        features = None if self.features is None else self.features[cpu_rows, :length].to(rows.device)
+        return self.pooled(tokens[:, :length].to(rows.device), features, self.split)
 
 
 def glue_problem(task: str, root: Path, backbone: Backbone, seeds: Seeds, rank: int, max_train: int,
                  max_length: int, lora_blocks: int, targets: list[str], steps: int, lr: float,
-                 batch_size: int = 16, max_test: int | None = None) -> tuple[TorchLoRAProblem, ClassificationData]:
+                 batch_size: int = 16, max_test: int | None = None,
+                 device: str = "cpu") -> tuple[TorchLoRAProblem, ClassificationData]:
     """A GLUE task as a LoRA problem: `max_train` training examples (a seeded subset of the train split when it
     is larger), the dev split (its first `max_test` rows, if given) as the test set, LoRA of global rank `rank`
     on `targets` of the top `lora_blocks` blocks of a copy of the backbone, a fresh linear head on mean-pooled
@@ -195,12 +207,12 @@ def glue_problem(task: str, root: Path, backbone: Backbone, seeds: Seeds, rank: 
     inject_lora(pooled.backbone, top_block_targets(pooled.backbone, lora_blocks, targets), rank)
     split = len(layer_stack(pooled.backbone)[1]) - lora_blocks
     tokens = tokenize(backbone.tokenizer, text_a, max_length, text_b, truncation_side="right")
-    model = CachedTextClassifier(pooled, tokens, pooled.lower_features(tokens, split), split)
+    model = CachedTextClassifier(pooled.to(device), tokens, split)
     labels = torch.from_numpy(np.concatenate([train_set.labels[keep], dev_set.labels]))
     rows = torch.arange(len(labels))
     data = ClassificationData(rows, labels)
     test = data[len(keep):]
     metric = None if dev_set.metric == "accuracy" else (dev_set.metric, lambda p, y: glue_metric(task, p, y))
     problem = TorchLoRAProblem(model, ["pooled.head.weight", "pooled.head.bias"], test, steps, lr, batch_size,
-                               metric)
+                               metric, device=device)
     return problem, data[: len(keep)]
