@@ -52,7 +52,7 @@ from typing import Any
 
 from collabalign.comm import Ledger, Message
 from collabalign.federation.protocol import Algorithm, ClientContext
-from collabalign.federation.simulator import SimulationResult, sample_clients
+from collabalign.federation.simulator import SimulationResult, end_round, sample_clients
 from collabalign.seeding import Seeds
 
 _RECORD = "collabalign"  # name of the ConfigRecord in a message's content / a node's context.state
@@ -175,10 +175,7 @@ def _server_app(algorithm: Algorithm, client_data: dict[str, Any], rounds: int, 
                 replies[cid] = reply
             state = algorithm.aggregate(state, replies, rnd)
             t3 = time.perf_counter()
-            if rnd % eval_every == 0 or rnd == rounds:
-                metrics.append({"round": rnd, **algorithm.evaluate(state, clients, rnd)})
-            timing.append({"round": rnd, "wall_s": time.perf_counter() - t0, "client_s": t2 - t1,
-                           "server_s": (t1 - t0) + (t3 - t2)})
+            end_round(algorithm, state, clients, rnd, rounds, eval_every, metrics, timing, (t0, t1, t2, t3))
         outcome["result"] = SimulationResult(state, clients, metrics, ledger, timing)
 
     return app

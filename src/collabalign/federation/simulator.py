@@ -80,15 +80,23 @@ def simulate(algorithm: Algorithm, client_data: dict[str, Any], rounds: int, see
                 ledger.record(rnd, cid, "up", _check(reply, cid).nbytes)
             state = algorithm.aggregate(state, replies, rnd)
             t3 = time.perf_counter()
-            if rnd % eval_every == 0 or rnd == rounds:
-                metrics.append({"round": rnd, **algorithm.evaluate(state, clients, rnd)})
-            timing.append({"round": rnd, "wall_s": time.perf_counter() - t0, "client_s": t2 - t1,
-                           "server_s": (t1 - t0) + (t3 - t2)})
+            end_round(algorithm, state, clients, rnd, rounds, eval_every, metrics, timing, (t0, t1, t2, t3))
             if checkpoint is not None and checkpoint_every and rnd % checkpoint_every == 0:
                 _save(checkpoint, {"round": rnd, "state": state, "metrics": metrics, "timing": timing,
                                    "ledger": ledger.rows, "client_states": {c: x.state for c, x in clients.items()}})
             bar.update(task, advance=1, description=f"{label or type(algorithm).__name__} {_short(metrics[-1])}")
     return SimulationResult(state, clients, metrics, ledger, timing)
+
+
+def end_round(algorithm: Algorithm, state: ServerState, clients: dict[str, ClientContext], rnd: int, rounds: int,
+              eval_every: int, metrics: list[dict[str, Any]], timing: list[dict[str, float]],
+              marks: tuple[float, float, float, float]) -> None:
+    """Evaluates when due and records the round's timing; `marks` = start, clients start, clients done, aggregated."""
+    if rnd % eval_every == 0 or rnd == rounds:
+        metrics.append({"round": rnd, **algorithm.evaluate(state, clients, rnd)})
+    t0, t1, t2, t3 = marks
+    timing.append({"round": rnd, "wall_s": time.perf_counter() - t0, "client_s": t2 - t1,
+                   "server_s": (t1 - t0) + (t3 - t2)})
 
 
 def _check(reply: Any, cid: str) -> Message:

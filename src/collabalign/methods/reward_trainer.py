@@ -36,8 +36,8 @@ class EncodedPairs:
     def batch(self, pairs: Tensor) -> tuple[Tokens, Tensor]:
         """Tokens and features of `pairs` (chosen then rejected), trimmed to the longest real text among them."""
         sub = self[pairs]
-        length = int(sub.tokens.attention_mask.sum(1).max())
-        return sub.tokens[:, :length], sub.features[:, :length]
+        tokens = sub.tokens.trimmed()
+        return tokens, sub.features[:, : tokens.input_ids.shape[1]]
 
 
 def encode_pairs(model: RewardModel, tokenizer, pairs: Sequence[PreferencePair], max_length: int,

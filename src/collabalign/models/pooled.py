@@ -26,6 +26,10 @@ class Tokens:
     def __len__(self) -> int:
         return len(self.input_ids)
 
+    def trimmed(self) -> Tokens:
+        """Cut to the longest real text (right padding), so a batch pays only for the tokens it has."""
+        return self[:, : int(self.attention_mask.sum(1).max())]
+
     def to(self, device: torch.device | str) -> Tokens:
         return Tokens(self.input_ids.to(device), self.attention_mask.to(device))
 

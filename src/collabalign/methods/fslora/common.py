@@ -21,8 +21,7 @@ def device_ranks(seeds: Seeds, device_ids: Sequence[str], rank: int,
     """k_i = ratio_i * r with ratio_i drawn once per device, uniformly from `ratios` (seeded, fixed for the run)."""
     rng = seeds.numpy("device-ranks")
     drawn = rng.choice(np.asarray(ratios, dtype=np.float64), size=len(device_ids))
-    ranks = {cid: max(1, int(round(q * rank))) for cid, q in zip(device_ids, drawn, strict=True)}
-    return ranks
+    return {cid: max(1, int(round(q * rank))) for cid, q in zip(device_ids, drawn, strict=True)}
 
 
 def lora_scale(alpha: float, rank: int) -> float:

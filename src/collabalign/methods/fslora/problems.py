@@ -181,10 +181,10 @@ class CachedTextClassifier(nn.Module):
 
     def forward(self, rows: Tensor) -> Tensor:
         cpu_rows = rows.cpu()
-        tokens = self.tokens[cpu_rows]
-        length = int(tokens.attention_mask.sum(1).max())
+        tokens = self.tokens[cpu_rows].trimmed()
+        length = tokens.input_ids.shape[1]
         features = None if self.features is None else self.features[cpu_rows, :length].to(rows.device)
-        return self.pooled(tokens[:, :length].to(rows.device), features, self.split)
+        return self.pooled(tokens.to(rows.device), features, self.split)
 
 
 def glue_problem(task: str, root: Path, backbone: Backbone, seeds: Seeds, rank: int, max_train: int,
