@@ -9,7 +9,8 @@ from collabalign.cli import CONFIG_DIR, config_path, main
 TOY = ["seeds=[0]", "synthetic.n_train=200", "synthetic.n_test=200", "federation.devices=5", "federation.min_size=4",
        "federation.rounds=2", "federation.steps=2", "federation.eval_every=1", "ablations.budget_ranks=[8]",
        "ablations.ratio_grid=[0.5, 1.0]", "ablations.rank_grid=[4, 8]", "ablations.top_k_rounds=1",
-       "theory.rate_rounds=[50, 100]", "theory.speedup_rounds=50", "theory.bias_rounds=50", "--no-progress"]
+       "theory.rate_rounds=[50, 100]", "theory.speedup_rounds=50", "theory.bias_rounds=50", "timing_reps=1",
+       "--no-progress"]
 
 
 @pytest.fixture(scope="module")

@@ -7,7 +7,7 @@ import torch
 
 from collabalign.federation import simulate
 from collabalign.federation.protocol import ClientContext
-from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, fedlora, fslora, heterolora, sketch_indices
+from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, ServerAdam, fedlora, fslora, heterolora, sketch_indices
 from collabalign.seeding import Seeds
 
 from .setup import RANK, small_problem
@@ -115,15 +115,19 @@ def test_heterolora_pads_updates_with_zeros_and_averages_over_all_devices(setup)
     assert max(ranks.values()) < RANK and np.array_equal(new["hidden.A"][-1], state["hidden.A"][-1])
 
 
-def test_flexlora_hands_out_the_exact_update_when_device_rank_is_r(setup):
+@pytest.mark.parametrize("sigma_split", ["B", "sqrt"])
+def test_flexlora_hands_out_the_exact_update_when_device_rank_is_r(setup, sigma_split):
     problem, clients, _ = setup
-    algorithm = FlexLoRA(problem, {cid: RANK for cid in clients}, RANK)
+    algorithm = FlexLoRA(problem, {cid: RANK for cid in clients}, RANK, sigma_split=sigma_split)
     state = algorithm.init(Seeds(0))
     rng = np.random.default_rng(0)
     state["hidden.dW"] = (rng.normal(size=(12, 5)) @ rng.normal(size=(5, 12))).astype(np.float32)  # rank 5 <= r
     msg = algorithm.configure(state, 2, ["d0"])["d0"]
     np.testing.assert_allclose(algorithm.scale * msg["hidden.B"] @ msg["hidden.A"], state["hidden.dW"], atol=1e-4)
-    small = FlexLoRA(problem, {"d0": 2}, RANK).configure(state, 2, ["d0"])["d0"]
+    if sigma_split == "sqrt":  # balanced: both factors carry sqrt(Sigma / s), so their column/row norms agree
+        np.testing.assert_allclose(np.linalg.norm(msg["hidden.B"], axis=0), np.linalg.norm(msg["hidden.A"], axis=1),
+                                   rtol=1e-4)
+    small = FlexLoRA(problem, {"d0": 2}, RANK, sigma_split=sigma_split).configure(state, 2, ["d0"])["d0"]
     u, s, vt = np.linalg.svd(state["hidden.dW"].astype(np.float64))
     np.testing.assert_allclose(algorithm.scale * small["hidden.B"] @ small["hidden.A"],
                                (u[:, :2] * s[:2]) @ vt[:2], atol=1e-4)  # best rank-2 approximation
@@ -182,3 +186,37 @@ def test_runs_are_deterministic(setup):
     problem, clients, ranks = setup
     a, b = (simulate(fslora(problem, ranks, RANK), clients, rounds=3, seed=4, progress=False) for _ in range(2))
     assert a.metrics == b.metrics and a.ledger.rows == b.ledger.rows
+
+
+def test_server_adam_takes_a_bias_corrected_adam_step_on_the_averaged_update(setup):
+    """The first Adam step moves every entry by lr * u / (|u| + eps) for the averaged update u (m / sqrt(v) at
+    t = 1, bias-corrected: the sign, up to eps); the
+    second uses the moments carried in the server state; nothing under opt/ is sent to devices."""
+    problem, clients, ranks = setup
+    adam = ServerAdam(lr=0.01)
+    plain, with_adam = fslora(problem, ranks, RANK), fslora(problem, ranks, RANK, server_adam=adam)
+    with_adam.init(Seeds(0))
+    ids = sorted(clients)
+    state, _, replies = one_round(plain, clients)
+    eq5, stepped = plain.aggregate(state, replies, 1), with_adam.aggregate(state, replies, 1)
+    for key in ("hidden.B", "hidden.A", "head/head.weight"):
+        update = (eq5[key] - state[key]).astype(np.float64)
+        assert (np.abs(update) > 1e-4).any()
+        np.testing.assert_allclose(stepped[key] - state[key], 0.01 * update / (np.abs(update) + 1e-8), atol=1e-6)
+    assert stepped["opt/t"][0] == 1
+    second = with_adam.aggregate(stepped, replies, 2)
+    assert second["opt/t"][0] == 2 and not np.allclose(second["hidden.B"], stepped["hidden.B"])
+    assert not any(k.startswith("opt/") for k in with_adam.configure(second, 3, ids)["d0"])
+
+
+def test_momentum_changes_local_training_and_plain_sgd_is_momentum_zero(setup):
+    problem, clients, ranks = setup
+    algorithm = fslora(problem, ranks, RANK)
+
+    def upload(momentum):
+        problem.momentum = momentum
+        return one_round(algorithm, clients)[2]["d0"]["hidden.dB"]
+    plain, zero, heavy = upload(0.0), upload(0.0), upload(0.9)
+    problem.momentum = 0.0
+    np.testing.assert_array_equal(plain, zero)
+    assert not np.allclose(plain, heavy)

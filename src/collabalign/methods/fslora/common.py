@@ -51,3 +51,29 @@ def scatter_mean(shape: tuple[int, int], axis: int, blocks: Sequence[np.ndarray]
     stacked = torch.from_numpy(np.concatenate(blocks, axis=axis).astype(np.float64))
     acc = torch.zeros(shape, dtype=torch.float64).index_add_(axis, idx, stacked)
     return (acc / n_devices).numpy()
+
+
+class ServerAdam:
+    """The authors' code's server step: the averaged update (proposed - current) is fed, negated, as a gradient to
+    Adam (Kingma & Ba, bias-corrected). Its moments live in the server state under `opt/` and are never sent.
+    Eq. (5) of the paper is the plain step proposed = current + mean update, which this replaces when chosen."""
+
+    def __init__(self, lr: float = 5e-4, betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-8):
+        self.lr, self.betas, self.eps = lr, betas, eps
+
+    def step(self, state: dict[str, np.ndarray], proposed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Returns `proposed` with every key that moved replaced by its Adam step from `state`."""
+        b1, b2 = self.betas
+        t = int(state.get("opt/t", np.zeros(1))[0]) + 1
+        out = dict(proposed)
+        for key, new in proposed.items():
+            if key.startswith("opt/") or key not in state:
+                continue
+            grad = (state[key] - new).astype(np.float64)
+            m = b1 * state.get(f"opt/m/{key}", 0.0) + (1 - b1) * grad
+            v = b2 * state.get(f"opt/v/{key}", 0.0) + (1 - b2) * grad ** 2
+            step = self.lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + self.eps)
+            out[key] = (state[key] - step).astype(state[key].dtype)
+            out[f"opt/m/{key}"], out[f"opt/v/{key}"] = m, v
+        out["opt/t"] = np.array([t], np.int64)
+        return out

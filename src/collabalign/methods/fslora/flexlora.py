@@ -1,7 +1,10 @@
 """FlexLoRA (Bai et al. 2024) as compared in FSLoRA: the server keeps the full update dW = (1/N) sum_i s B_i A_i,
-and each round hands device i the best rank-k_i approximation of it (truncated SVD, all of Sigma in B)."""
+and each round hands device i the best rank-k_i approximation of it (truncated SVD). Sigma goes all into B (the
+authors' code) or, with `sigma_split="sqrt"`, sqrt(Sigma) into each factor: the same product, other SGD dynamics."""
 
 from __future__ import annotations
+
+from typing import Literal
 
 import numpy as np
 
@@ -15,9 +18,11 @@ State = dict[str, np.ndarray]
 
 
 class FlexLoRA:
-    def __init__(self, problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0):
+    def __init__(self, problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0,
+                 sigma_split: Literal["B", "sqrt"] = "B"):
         self.problem, self.ranks, self.rank = problem, ranks, rank
         self.scale = lora_scale(alpha, rank)
+        self.sigma_split = sigma_split
 
     def init(self, seeds: Seeds) -> State:
         """dW = 0; A0 (r, n) is the common random init that round 1 hands out (SVD of 0 is degenerate)."""
@@ -36,7 +41,7 @@ class FlexLoRA:
             else:  # one SVD per layer per round, truncated per device below
                 u, sigma, vt = np.linalg.svd(state[f"{name}.dW"].astype(np.float64), full_matrices=False)
                 r = min(self.rank, len(sigma))
-                factors[name] = ((u[:, :r] * sigma[:r] / self.scale).astype(np.float32), vt[:r].astype(np.float32))
+                factors[name] = self._split(u[:, :r], sigma[:r], vt[:r])
         head = {k: v for k, v in state.items() if k.startswith("head/")}
         out = {}
         for cid in client_ids:
@@ -46,6 +51,13 @@ class FlexLoRA:
                 arrays[f"{name}.B"], arrays[f"{name}.A"] = B[:, :k], A[:k]
             out[cid] = Message(arrays | head, {"round": round_, "k": k})
         return out
+
+    def _split(self, u: np.ndarray, sigma: np.ndarray, vt: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(B, A) with s B A = U diag(sigma) Vt."""
+        if self.sigma_split == "B":
+            return (u * sigma / self.scale).astype(np.float32), vt.astype(np.float32)
+        root = np.sqrt(sigma / self.scale)
+        return (u * root).astype(np.float32), (root[:, None] * vt).astype(np.float32)
 
     def client_update(self, message: Message, client: ClientContext) -> Message:
         blocks = {name: (message[f"{name}.B"], message[f"{name}.A"]) for name in self.problem.shapes}

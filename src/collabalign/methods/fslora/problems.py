@@ -1,7 +1,8 @@
 """What a device trains in the heterogeneous-rank LoRA family: a torch model whose adapted layers are
 `LoRALinear`s, plus a densely trained head. The algorithms only exchange numpy factors with it:
 
-- `local_train(factors, head, scale, base, data, rng)`: H plain-SGD steps on rank-k blocks
+- `local_train(factors, head, scale, base, data, rng)`: H SGD steps (plain, or with momentum whose state starts
+  fresh every round, as the authors' GLUE code) on rank-k blocks
   {layer: (B (m, k), A (k, n))} with y = (W0 + base) x + scale * B A x; returns the trained blocks and head.
 - `evaluate(delta, head)`: metrics of W0 + delta (dense, per layer) and the head on the held-out set.
 """
@@ -48,8 +49,9 @@ class TorchLoRAProblem:
 
     def __init__(self, model: nn.Module, head_names: list[str], test: ClassificationData, steps: int, lr: float,
                  batch_size: int = 16, metric: tuple[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
-                 eval_batch_size: int = 512, device: str = "cpu"):
+                 eval_batch_size: int = 512, device: str = "cpu", momentum: float = 0.0):
         self.device = torch.device(device)
+        self.momentum = momentum
         self.model = model.to(self.device)
         self.test, self.steps, self.lr, self.batch_size = test, steps, lr, batch_size
         self.layers = lora_layers(model)
@@ -105,7 +107,7 @@ class TorchLoRAProblem:
         """`steps` SGD steps on minibatches drawn with replacement; only the blocks and the head move."""
         self._load(factors, head, scale, base)
         params = [p for layer in self.layers.values() for p in (layer.B, layer.A)] + list(self.head.values())
-        optimizer = torch.optim.SGD(params, lr=self.lr)
+        optimizer = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
         for _ in range(self.steps):
             rows = torch.randint(len(data), (min(self.batch_size, len(data)),), generator=rng)
             loss = self.loss(data[rows])
@@ -189,8 +191,8 @@ class CachedTextClassifier(nn.Module):
 
 def glue_problem(task: str, root: Path, backbone: Backbone, seeds: Seeds, rank: int, max_train: int,
                  max_length: int, lora_blocks: int, targets: list[str], steps: int, lr: float,
-                 batch_size: int = 16, max_test: int | None = None,
-                 device: str = "cpu") -> tuple[TorchLoRAProblem, ClassificationData]:
+                 batch_size: int = 16, max_test: int | None = None, device: str = "cpu",
+                 momentum: float = 0.0) -> tuple[TorchLoRAProblem, ClassificationData]:
     """A GLUE task as a LoRA problem: `max_train` training examples (a seeded subset of the train split when it
     is larger), the dev split (its first `max_test` rows, if given) as the test set, LoRA of global rank `rank`
     on `targets` of the top `lora_blocks` blocks of a copy of the backbone, a fresh linear head on mean-pooled
@@ -214,5 +216,5 @@ def glue_problem(task: str, root: Path, backbone: Backbone, seeds: Seeds, rank: 
     test = data[len(keep):]
     metric = None if dev_set.metric == "accuracy" else (dev_set.metric, lambda p, y: glue_metric(task, p, y))
     problem = TorchLoRAProblem(model, ["pooled.head.weight", "pooled.head.bias"], test, steps, lr, batch_size,
-                               metric, device=device)
+                               metric, device=device, momentum=momentum)
     return problem, data[: len(keep)]

@@ -2,7 +2,8 @@
 device and layer, the device trains only those k_i columns of B / rows of A (with the r/k_i factor: sliced
 compute), uploads their change, and the server adds the mean over all N devices (eq. 5). Federated LoRA is
 the same algorithm with k_i = r; HeteroLoRA (heterolora.py) is the same data flow with a fixed prefix and no
-rescaling. Optional top-k compression of the upload (App. C.2)."""
+rescaling. Optional top-k compression of the upload (App. C.2) and the authors' code's server Adam in place of
+eq. 5's plain averaged step."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import numpy as np
 
 from collabalign.comm import Message
 from collabalign.federation.protocol import ClientContext
-from collabalign.methods.fslora.common import head_arrays, head_of, lora_scale, mean_head, scatter_mean
+from collabalign.methods.fslora.common import ServerAdam, head_arrays, head_of, lora_scale, mean_head, scatter_mean
 from collabalign.methods.fslora.problems import TorchLoRAProblem
 from collabalign.seeding import Seeds
 
@@ -49,13 +50,15 @@ class SubspaceLoRA:
 
     def __init__(self, problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0,
                  random_blocks: bool = True, rescale: bool = True,
-                 download: Literal["full", "submatrix"] = "full", upload_top_k: float | None = None):
+                 download: Literal["full", "submatrix"] = "full", upload_top_k: float | None = None,
+                 server_adam: ServerAdam | None = None):
         if any(not 1 <= k <= rank for k in ranks.values()):
             raise ValueError(f"every device rank must be in 1..{rank}, got {sorted(set(ranks.values()))}")
         self.problem, self.ranks, self.rank = problem, ranks, rank
         self.scale = lora_scale(alpha, rank)
         self.random_blocks, self.rescale = random_blocks, rescale
         self.download, self.upload_top_k = download, upload_top_k
+        self.server_adam = server_adam
         self.seeds = Seeds(0)
 
     def init(self, seeds: Seeds) -> State:
@@ -124,7 +127,8 @@ class SubspaceLoRA:
                 np.float32)
             new[f"{name}.A"] = (state[f"{name}.A"] + scatter_mean((self.rank, n), 0, d_a, idx, len(ids))).astype(
                 np.float32)
-        return new | mean_head([replies[c] for c in ids])
+        new |= mean_head([replies[c] for c in ids])
+        return new if self.server_adam is None else self.server_adam.step(state, new)
 
     def delta_weights(self, state: State) -> dict[str, np.ndarray]:
         """s * B A per layer: the unsketched global update that is evaluated."""
@@ -135,18 +139,22 @@ class SubspaceLoRA:
 
 
 def fslora(problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0,
-           download: Literal["full", "submatrix"] = "full", upload_top_k: float | None = None) -> SubspaceLoRA:
+           download: Literal["full", "submatrix"] = "full", upload_top_k: float | None = None,
+           server_adam: ServerAdam | None = None) -> SubspaceLoRA:
     """FSLoRA: random-k_i sketches with the r/k_i factor; download as in Alg. 1 ("full") or only the block."""
-    return SubspaceLoRA(problem, ranks, rank, alpha, True, True, download, upload_top_k)
+    return SubspaceLoRA(problem, ranks, rank, alpha, True, True, download, upload_top_k, server_adam)
 
 
 def fedlora(problem: TorchLoRAProblem, device_ids: list[str], rank: int, alpha: float = 1.0,
-            upload_top_k: float | None = None) -> SubspaceLoRA:
+            upload_top_k: float | None = None, server_adam: ServerAdam | None = None) -> SubspaceLoRA:
     """Federated LoRA at rank r on every device: FSLoRA without sketching (k_i = r)."""
-    return SubspaceLoRA(problem, {cid: rank for cid in device_ids}, rank, alpha, True, True, "full", upload_top_k)
+    return SubspaceLoRA(problem, {cid: rank for cid in device_ids}, rank, alpha, True, True, "full", upload_top_k,
+                        server_adam)
 
 
-def heterolora(problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0) -> SubspaceLoRA:
+def heterolora(problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0,
+               server_adam: ServerAdam | None = None) -> SubspaceLoRA:
     """HeteroLoRA (Cho et al. 2024) as compared in the paper: device i gets the first k_i columns of B / rows of
     A (truncation), trains them at the global scale, and the server zero-pads the update and averages over N."""
-    return SubspaceLoRA(problem, ranks, rank, alpha, random_blocks=False, rescale=False, download="submatrix")
+    return SubspaceLoRA(problem, ranks, rank, alpha, random_blocks=False, rescale=False, download="submatrix",
+                        server_adam=server_adam)
