@@ -57,5 +57,9 @@ class FedStackLoRA:
             new[f"{name}.D"] = (state[f"{name}.D"] + self.scale * b_stack @ a_stack).astype(np.float32)
         return new | mean_head([replies[c] for c in ids])
 
+    def delta_weights(self, state: State) -> dict[str, np.ndarray]:
+        """The merged update D per layer (the base is W0 + D)."""
+        return {name: state[f"{name}.D"] for name in self.problem.shapes}
+
     def evaluate(self, state: State, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
-        return self.problem.evaluate({name: state[f"{name}.D"] for name in self.problem.shapes}, head_of(state))
+        return self.problem.evaluate(self.delta_weights(state), head_of(state))

@@ -78,5 +78,9 @@ class FlexLoRA:
             new[f"{name}.dW"] = (self.scale / len(ids) * b @ a).astype(np.float32)
         return new | mean_head([replies[c] for c in ids])
 
+    def delta_weights(self, state: State) -> dict[str, np.ndarray]:
+        """The full averaged update dW per layer (not truncated to rank r)."""
+        return {name: state[f"{name}.dW"] for name in self.problem.shapes}
+
     def evaluate(self, state: State, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
-        return self.problem.evaluate({name: state[f"{name}.dW"] for name in self.problem.shapes}, head_of(state))
+        return self.problem.evaluate(self.delta_weights(state), head_of(state))
