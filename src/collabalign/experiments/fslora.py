@@ -12,10 +12,11 @@ import numpy as np
 import torch
 
 from collabalign.config import Strict
-from collabalign.data import dirichlet, shared_data_dir
+from collabalign.data import dirichlet, iid, shared_data_dir
 from collabalign.federation import SimulationResult, simulate
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, device_ranks, fedlora, fslora, heterolora
+from collabalign.methods.fslora.commonsense import commonsense_problem
 from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, glue_problem, teacher_student
 from collabalign.methods.fslora.theory import check_bias, check_rate, check_ratio_ordering, check_speedup
 from collabalign.models.backbones import load_backbone
@@ -54,6 +55,23 @@ class GlueConfig(Strict):
     device: str = "cpu"
 
 
+class CommonsenseConfig(Strict):
+    """Commonsense170K training, per-task LLM-Adapters test sets; runs E1 when both paths are given."""
+
+    train_file: str | None = None  # LLM-Adapters' ft-training_set/commonsense_170k.json
+    test_root: str | None = None  # LLM-Adapters' dataset/ folder, holding <task>/test.json
+    tasks: list[str] = ["boolq", "piqa", "social_i_qa", "hellaswag", "winogrande", "ARC-Challenge", "ARC-Easy",
+                        "openbookqa"]
+    backbone: str = "tiny-llama"  # any causal LM name or path, e.g. meta-llama/Llama-3.2-3B-Instruct
+    max_train: int | None = None  # None: all of Commonsense170K
+    max_test: int | None = None  # None: every test row of each task
+    max_length: int = 256
+    max_new_tokens: int = 10
+    targets: list[str] = ["q_proj", "k_proj", "v_proj", "up_proj", "down_proj"]
+    lr: float = 3e-4
+    device: str = "cpu"
+
+
 class FederationConfig(Strict):
     devices: int = 20
     alpha: float = 0.5  # Dirichlet label split; the paper's code uses 0.1 (see notes)
@@ -89,6 +107,7 @@ class Config(Strict):
     seeds: list[int] = [0, 1, 2]
     synthetic: SyntheticConfig = SyntheticConfig()
     glue: GlueConfig = GlueConfig()
+    commonsense: CommonsenseConfig = CommonsenseConfig()
     federation: FederationConfig = FederationConfig()
     ablations: AblationConfig = AblationConfig()
     theory: TheoryConfig = TheoryConfig()
@@ -186,6 +205,8 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
                 scores[task, method].append(score(result))
                 timing[method].append(_times(result))
     main_problems = ["synthetic"] + [t for t in cfg.glue.tasks if glue_root is not None]
+    if cfg.commonsense.train_file is not None and cfg.commonsense.test_root is not None:
+        main_problems.append(commonsense_e1(cfg, runner, scores, timing, notes))
     claims = [e1_claim(scores, main_problems), e6_claim(timing)]
     metrics = {"E1": {f"{p}/{m}": dict(zip(("mean", "std"), mean_std(v), strict=True))
                       for (p, m), v in scores.items()},
@@ -200,6 +221,53 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     plot_e1(runner.records, run_dir, [p for p, _ in problems] + main_problems[1:])
     notes.append(e1_table(scores, [p for p, _ in problems] + main_problems[1:]))
     run_dir.write_summary(claims, metrics, notes=notes, plot_metrics=[])
+
+
+def commonsense_e1(cfg: Config, runner: Runner, scores: dict, timing: dict, notes: list[str]) -> str:
+    """E1 on commonsense reasoning (Table 5.2): IID shards of Commonsense170K (the authors' code), every method and
+    seed; scores the plain mean over tasks as problem "commonsense" and each task as "commonsense/<task>"."""
+    cs, fed = cfg.commonsense, cfg.federation
+    problem, train = commonsense_problem(cs.train_file, cs.test_root, cs.tasks, load_backbone(cs.backbone), Seeds(0),
+                                         fed.rank, cs.max_train, cs.max_test, cs.max_length, cs.targets, fed.steps,
+                                         cs.lr, fed.batch_size, cs.max_new_tokens, cs.device)
+    for seed in cfg.seeds:
+        parts = iid(len(train), fed.devices, Seeds(seed).numpy("partition"))
+        clients = {f"device{i:02d}": train[torch.as_tensor(p)] for i, p in enumerate(parts)}
+        for method in METHODS:
+            result = runner.run({"experiment": "E1", "problem": "commonsense"}, problem, clients, method, fed.rank,
+                                fed.ratios, seed, fed.rounds)
+            scores["commonsense", method].append(score(result))
+            for task in cs.tasks:
+                scores[f"commonsense/{task}", method].append(100 * result.metrics[-1][f"accuracy/{task}"])
+            timing[method].append(_times(result))
+    notes.append(commonsense_table(scores, cs.tasks, cs.backbone))
+    return "commonsense"
+
+
+# Table 5.2 (LLaMA-3.2-3B, r = 64, 750 rounds x 20 steps), by LLM-Adapters task name; "commonsense" = Avg.
+_TABLE_5_2_COLUMNS = ("ARC-Challenge", "ARC-Easy", "boolq", "hellaswag", "openbookqa", "piqa", "social_i_qa",
+                      "winogrande", "commonsense")
+PAPER_TABLE_5_2 = {m: dict(zip(_TABLE_5_2_COLUMNS, row, strict=True)) for m, row in {
+    "heterolora": (69.2, 84.6, 68.4, 80.0, 69.9, 77.3, 68.7, 72.0, 73.8),
+    "flexlora": (69.9, 84.7, 66.9, 80.5, 72.3, 78.1, 70.4, 73.3, 74.5),
+    "fedstack": (67.5, 83.1, 65.8, 78.4, 69.2, 75.5, 67.1, 71.5, 72.3),
+    "fslora": (73.8, 86.2, 68.5, 83.1, 78.7, 82.0, 75.8, 74.8, 77.9)}.items()}
+
+
+def commonsense_table(scores: dict, tasks: list[str], backbone: str) -> str:
+    """Markdown table: per-task and mean accuracy (mean ± std over seeds) per method, Table 5.2's numbers beside."""
+    lines = [f"E1 commonsense accuracy ({backbone}; IID shards of Commonsense170K; greedy generation + answer "
+             "extraction; mean ± std over seeds; paper = LLaMA-3.2-3B, Table 5.2):", "",
+             "| task | " + " | ".join(METHODS) + " |", "|---|" + "---|" * len(METHODS)]
+    for task in [*tasks, "commonsense"]:
+        key = task if task == "commonsense" else f"commonsense/{task}"
+        cells = []
+        for m in METHODS:
+            mu, sd = mean_std(scores[key, m])
+            paper = PAPER_TABLE_5_2.get(m, {}).get(task)
+            cells.append(f"{mu:.1f} ± {sd:.1f}" + (f" (paper {paper})" if paper is not None else ""))
+        lines.append(f"| {'mean' if task == 'commonsense' else task} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def _times(result: SimulationResult) -> tuple[float, float]:
