@@ -162,9 +162,19 @@ def test_problem_has_no_head_and_overfits_the_answers(fixture, backbone):
     assert before > 10 and loss(trained) < before - 0.1
 
 
-def test_batched_generation_matches_one_prompt_at_a_time(fixture, backbone):
+def test_left_padded_generation_matches_one_prompt_at_a_time(fixture, backbone):
     problem, _ = problem_for(fixture, backbone)
-    rows = problem.test.x
+    rows = problem.test.x  # prompts of 54 to 81 tokens: the batch is padded
+
+    def step_logits(rows):  # the logits of 3 greedy steps (a random LM's texts are all "\n", so compare logits)
+        ids, mask = problem.tokens.prompts(rows)
+        out = problem.model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                                     pad_token_id=problem.tokens.pad_id, output_logits=True,
+                                     return_dict_in_generate=True)
+        return torch.stack(out.logits, 1)
+
+    alone = torch.cat([step_logits(rows[i:i + 1]) for i in range(len(rows))])
+    torch.testing.assert_close(step_logits(rows), alone, atol=1e-4, rtol=1e-4)
     assert problem.generate(rows) == [problem.generate(rows[i:i + 1])[0] for i in range(len(rows))]
 
 
