@@ -63,7 +63,7 @@ def encode(tokenizer, examples: Sequence[CommonsenseExample], max_length: int) -
     lengths, starts = [], []
     for i, (prompt, answer) in enumerate(zip(prompts, answers, strict=True)):
         answer = (answer + [tokenizer.eos_token_id])[: max_length - 1]
-        prompt = prompt[len(prompt) + len(answer) - max_length:] if len(prompt) + len(answer) > max_length else prompt
+        prompt = prompt[max(0, len(prompt) + len(answer) - max_length):]
         ids[i, : len(prompt) + len(answer)] = torch.tensor(prompt + answer)
         lengths.append(len(prompt) + len(answer))
         starts.append(len(prompt))
