@@ -1,6 +1,7 @@
 """Preference and text data: validated loaders (local files or the hub), partitioners and synthetic sets."""
 
 from collabalign.data.bigbench_hhh import HHH_SUBSETS, load_hhh
+from collabalign.data.commonsense import COMMONSENSE_TASKS, extract_answer, load_commonsense, load_commonsense_test
 from collabalign.data.errors import DataError
 from collabalign.data.glue import GLUE_TASKS, TextDataset, glue_metric, load_glue
 from collabalign.data.hh_rlhf import TOPIC_KEYWORDS, hh_attributes, load_hh_rlhf
@@ -11,6 +12,7 @@ from collabalign.data.preferences import PreferencePair, PreferenceSet, load_jso
 from collabalign.data.synthetic import SYNTHETIC_TOPICS, tiny_preferences
 
 __all__ = [
+    "COMMONSENSE_TASKS",
     "GLUE_TASKS",
     "HHH_SUBSETS",
     "SYNTHETIC_TOPICS",
@@ -21,12 +23,15 @@ __all__ = [
     "TextDataset",
     "by_key",
     "dirichlet",
+    "extract_answer",
     "glue_from_hub",
     "glue_metric",
     "hh_attributes",
     "hh_rlhf_from_hub",
     "iid",
     "label_skew",
+    "load_commonsense",
+    "load_commonsense_test",
     "load_glue",
     "load_hh_rlhf",
     "load_hhh",

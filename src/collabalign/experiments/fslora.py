@@ -13,11 +13,12 @@ import numpy as np
 import torch
 
 from collabalign.config import Strict
-from collabalign.data import dirichlet, shared_data_dir
+from collabalign.data import dirichlet, iid, shared_data_dir
 from collabalign.federation import SimulationResult, simulate
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, ServerAdam, device_ranks, fedlora, fslora, heterolora
 from collabalign.methods.fslora.common import head_of
+from collabalign.methods.fslora.commonsense import commonsense_problem
 from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, glue_problem, teacher_student
 from collabalign.methods.fslora.theory import check_bias, check_rate, check_ratio_ordering, check_speedup
 from collabalign.models.backbones import load_backbone
@@ -53,6 +54,23 @@ class GlueConfig(Strict):
     lora_blocks: int = 1  # LoRA in the top N blocks; the blocks below run once, as cached features
     targets: list[str] = ["query", "value"]
     lr: float = 0.5
+    device: str = "cpu"
+
+
+class CommonsenseConfig(Strict):
+    """Commonsense170K training, per-task LLM-Adapters test sets; runs E1 when both paths are given."""
+
+    train_file: str | None = None  # LLM-Adapters' ft-training_set/commonsense_170k.json
+    test_root: str | None = None  # LLM-Adapters' dataset/ folder, holding <task>/test.json
+    tasks: list[str] = ["boolq", "piqa", "social_i_qa", "hellaswag", "winogrande", "ARC-Challenge", "ARC-Easy",
+                        "openbookqa"]
+    backbone: str = "tiny-llama"  # any causal LM name or path, e.g. meta-llama/Llama-3.2-3B-Instruct
+    max_train: int | None = None  # None: all of Commonsense170K
+    max_test: int | None = None  # None: every test row of each task
+    max_length: int = 256
+    max_new_tokens: int = 10
+    targets: list[str] = ["q_proj", "k_proj", "v_proj", "up_proj", "down_proj"]
+    lr: float = 3e-4
     device: str = "cpu"
 
 
@@ -95,6 +113,7 @@ class Config(Strict):
     seeds: list[int] = [0, 1, 2]
     synthetic: SyntheticConfig = SyntheticConfig()
     glue: GlueConfig = GlueConfig()
+    commonsense: CommonsenseConfig = CommonsenseConfig()
     federation: FederationConfig = FederationConfig()
     ablations: AblationConfig = AblationConfig()
     theory: TheoryConfig = TheoryConfig()
@@ -157,6 +176,28 @@ def score(result: SimulationResult) -> float:
     return 100 * final.get("matthews", final["accuracy"])
 
 
+class E1Results:
+    """Per (problem, method): final scores and LoRA's share of them (the score minus that of the same head with
+    Delta W = 0), per seed; per method: (device s, server s) of each timed run."""
+
+    def __init__(self) -> None:
+        self.scores: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self.gains: dict[tuple[str, str], list[float]] = defaultdict(list)
+        self.timing: dict[str, list[tuple[float, float]]] = defaultdict(list)
+
+    def record(self, problem: str, method: str, result: SimulationResult, timed: bool = True) -> None:
+        final = result.metrics[-1]
+        self.scores[problem, method].append(score(result))
+        self.gains[problem, method].append(score(result) - final["score_without_lora"])
+        if "matthews" in final:  # the paper reports plain accuracy for CoLA too
+            self.scores[f"{problem} (accuracy)", method].append(100 * final["accuracy"])
+        for key in final:
+            if key.startswith("accuracy/"):  # per-task accuracy of a multi-task problem (commonsense)
+                self.scores[f"{problem}/{key[len('accuracy/'):]}", method].append(100 * final[key])
+        if timed:
+            self.timing[method].append(_times(result))
+
+
 def mean_std(values: list[float]) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
@@ -169,26 +210,16 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
              f"{'eq. 5' if fed.server_opt == 'sgd' else f'Adam lr {fed.server_lr}'}; LoRA scale alpha/sqrt(r), "
              f"alpha = {fed.lora_alpha}; seeds {cfg.seeds}. The paper's code splits with alpha 0.1: with 20 devices "
              "and 2 labels a per-label Dirichlet(0.1) split leaves devices without data, so alpha is stated here."]
-    scores: dict[tuple[str, str], list[float]] = defaultdict(list)  # (problem, method) -> per seed
-    gains: dict[tuple[str, str], list[float]] = defaultdict(list)  # score minus the same head without LoRA
-    timing: dict[str, list[tuple[float, float]]] = defaultdict(list)  # method -> (device s, server s) per run
-
-    def record(problem_name: str, method: str, result: SimulationResult) -> None:
-        final = result.metrics[-1]
-        scores[problem_name, method].append(score(result))
-        gains[problem_name, method].append(score(result) - final["score_without_lora"])
-        if "matthews" in final:  # the paper reports plain accuracy for CoLA too
-            scores[f"{problem_name} (accuracy)", method].append(100 * final["accuracy"])
-        if problem_name == "synthetic" or problem_name in cfg.glue.tasks:
-            timing[method].append(_times(result))
+    e1 = E1Results()
+    scores, gains, timing = e1.scores, e1.gains, e1.timing
     problems = [("synthetic", cfg.synthetic.lr)] + [(f"synthetic lr={lr}", lr) for lr in cfg.synthetic.extra_lrs]
     for name, lr in problems:
         for seed in cfg.seeds:
             problem, train = synthetic_problem(cfg.synthetic, fed, seed, fed.rank, lr)
             clients = devices(train, fed, seed)
             for method in METHODS:
-                record(name, method, runner.run({"experiment": "E1", "problem": name}, problem, clients, method,
-                                                fed.rank, fed.ratios, seed, fed.rounds))
+                e1.record(name, method, runner.run({"experiment": "E1", "problem": name}, problem, clients, method,
+                                                   fed.rank, fed.ratios, seed, fed.rounds), timed=name == "synthetic")
     glue_root = shared_data_dir()
     if cfg.glue.tasks and glue_root is None:
         notes.append("**GLUE skipped:** ../shared/data not found.")
@@ -200,9 +231,11 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
         for seed in cfg.seeds:
             clients = devices(train, fed, seed)
             for method in METHODS:
-                record(task, method, runner.run({"experiment": "E1", "problem": task}, problem, clients, method,
-                                                fed.rank, fed.ratios, seed, fed.rounds))
+                e1.record(task, method, runner.run({"experiment": "E1", "problem": task}, problem, clients, method,
+                                                   fed.rank, fed.ratios, seed, fed.rounds))
     main_problems = ["synthetic"] + [t for t in cfg.glue.tasks if glue_root is not None]
+    if cfg.commonsense.train_file is not None and cfg.commonsense.test_root is not None:
+        main_problems.append(commonsense_e1(cfg, runner, e1, notes))
     e6 = e6_timing(cfg, cfg.timing_reps)
     claims = [e1_claim(scores, main_problems), e6_claim(e6)]
     metrics = {"E1": {f"{p}/{m}": dict(zip(("mean", "std"), mean_std(v), strict=True))
@@ -220,9 +253,45 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     plot_e1(runner.records, run_dir, [p for p, _ in problems] + main_problems[1:])
     table_rows = [p for p, _ in problems] + [r for t in main_problems[1:] for r in (t, f"{t} (accuracy)")
                                              if (r, "fslora") in scores]
-    notes.append(e1_table(scores, table_rows))
+    notes.append(score_table(scores, [(r, r) for r in table_rows], PAPER_TABLE,
+                             "E1 final scores (mean ± std over seeds; GLUE: accuracy, CoLA: Matthews corr. x 100, and "
+                             "its accuracy on its own row, which is what the paper reports; paper = RoBERTa-base "
+                             "Table 5.1, a much larger budget):"))
     notes.append(gain_table(gains, table_rows))
     run_dir.write_summary(claims, metrics, notes=notes, plot_metrics=[])
+
+
+def commonsense_e1(cfg: Config, runner: Runner, e1: E1Results, notes: list[str]) -> str:
+    """E1 on commonsense reasoning (Table 5.2): IID shards of Commonsense170K (the authors' code), every method and
+    seed; scores the plain mean over tasks as problem "commonsense" and each task as "commonsense/<task>"."""
+    cs, fed = cfg.commonsense, cfg.federation
+    problem, train = commonsense_problem(cs.train_file, cs.test_root, cs.tasks, load_backbone(cs.backbone), Seeds(0),
+                                         fed.rank, cs.max_train, cs.max_test, cs.max_length, cs.targets, fed.steps,
+                                         cs.lr, fed.batch_size, cs.max_new_tokens, cs.device)
+    problem.momentum = fed.momentum
+    for seed in cfg.seeds:
+        parts = iid(len(train), fed.devices, Seeds(seed).numpy("partition"))
+        clients = {f"device{i:02d}": train[torch.as_tensor(p)] for i, p in enumerate(parts)}
+        for method in METHODS:
+            e1.record("commonsense", method, runner.run({"experiment": "E1", "problem": "commonsense"}, problem,
+                                                         clients, method, fed.rank, fed.ratios, seed, fed.rounds))
+    rows = [(task, f"commonsense/{task}") for task in cs.tasks] + [("mean", "commonsense")]
+    notes.append(score_table(e1.scores, rows, PAPER_TABLE_5_2,
+                             f"E1 commonsense accuracy ({cs.backbone}; IID shards of Commonsense170K; greedy "
+                             "generation + answer extraction; mean ± std over seeds; paper = LLaMA-3.2-3B, "
+                             "Table 5.2):"))
+    return "commonsense"
+
+
+# Table 5.2 (LLaMA-3.2-3B, r = 64, 750 rounds x 20 steps), by score key; "commonsense" = the paper's Avg.
+_TABLE_5_2_COLUMNS = tuple(f"commonsense/{t}" for t in ("ARC-Challenge", "ARC-Easy", "boolq", "hellaswag",
+                                                         "openbookqa", "piqa", "social_i_qa", "winogrande")) + (
+    "commonsense",)
+PAPER_TABLE_5_2 = {m: dict(zip(_TABLE_5_2_COLUMNS, row, strict=True)) for m, row in {
+    "heterolora": (69.2, 84.6, 68.4, 80.0, 69.9, 77.3, 68.7, 72.0, 73.8),
+    "flexlora": (69.9, 84.7, 66.9, 80.5, 72.3, 78.1, 70.4, 73.3, 74.5),
+    "fedstack": (67.5, 83.1, 65.8, 78.4, 69.2, 75.5, 67.1, 71.5, 72.3),
+    "fslora": (73.8, 86.2, 68.5, 83.1, 78.7, 82.0, 75.8, 74.8, 77.9)}.items()}
 
 
 def _times(result: SimulationResult) -> tuple[float, float]:
@@ -368,18 +437,16 @@ def plot_e1(records: list[dict], run_dir: RunDir, problems: list[str]) -> None:
         line_plot(run_dir.path / "plots" / f"E1_{slug}.png", series, "round", "score (points)", f"E1: {problem}")
 
 
-def e1_table(scores: dict, problems: list[str]) -> str:
-    """Markdown table: mean ± std over seeds per problem and method, with the paper's GLUE numbers beside."""
-    lines = ["E1 final scores (mean ± std over seeds; GLUE: accuracy, CoLA: Matthews corr. x 100, and its accuracy on "
-             "its own row, which is what the paper reports; paper = RoBERTa-base Table 5.1, a much larger budget):", "",
-             "| problem | " + " | ".join(METHODS) + " |", "|---|" + "---|" * len(METHODS)]
-    for p in problems:
+def score_table(scores: dict, rows: list[tuple[str, str]], paper: dict, caption: str) -> str:
+    """Markdown table of (label, score key) rows: mean ± std over seeds per method, the paper's number beside."""
+    lines = [caption, "", "| problem | " + " | ".join(METHODS) + " |", "|---|" + "---|" * len(METHODS)]
+    for label, key in rows:
         cells = []
         for m in METHODS:
-            mu, sd = mean_std(scores[p, m])
-            paper = PAPER_TABLE.get(m, {}).get(p)
-            cells.append(f"{mu:.1f} ± {sd:.1f}" + (f" (paper {paper})" if paper is not None else ""))
-        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+            mu, sd = mean_std(scores[key, m])
+            number = paper.get(m, {}).get(key)
+            cells.append(f"{mu:.1f} ± {sd:.1f}" + (f" (paper {number})" if number is not None else ""))
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
