@@ -12,7 +12,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from collabalign.config import Strict
+from collabalign.config import Strict, validate
 from collabalign.data import dirichlet, iid, shared_data_dir
 from collabalign.federation import SimulationResult, simulate
 from collabalign.lora import inject_lora
@@ -55,6 +55,9 @@ class GlueConfig(Strict):
     targets: list[str] = ["query", "value"]
     lr: float = 0.5
     device: str = "cpu"
+    # (lr, momentum, lora_alpha) settings run with FSLoRA on the first task and seed before E1: how much LoRA adds
+    sensitivity: list[tuple[float, float, float]] = []
+    federation: dict[str, float | int] = {}  # overrides of the federation section for GLUE, e.g. {rounds: 10}
 
 
 class CommonsenseConfig(Strict):
@@ -159,9 +162,11 @@ class Runner:
         label = " ".join(f"{v}" for v in tag.values()) + f" {method} seed {seed}"
         result = simulate(algorithm, clients, rounds, seed, eval_every=self.fed.eval_every, progress=self.progress,
                           label=label)
-        zero = {name: np.zeros_like(d) for name, d in algorithm.delta_weights(result.state).items()}
-        without = problem.evaluate(zero, head_of(result.state))  # the trained head on the frozen backbone
-        result.metrics[-1]["score_without_lora"] = 100 * without.get("matthews", without["accuracy"])
+        delta = algorithm.delta_weights(result.state)
+        without = problem.evaluate({n: np.zeros_like(d) for n, d in delta.items()}, head_of(result.state))
+        result.metrics[-1]["score_without_lora"] = 100 * without.get("matthews", without["accuracy"])  # trained head
+        result.metrics[-1]["delta_w_rel_norm"] = float(np.mean([np.linalg.norm(d) / float(torch.linalg.norm(
+            problem.w0[n])) for n, d in delta.items()]))  # mean over adapted layers of ||Delta W|| / ||W0||
         uploaded = result.ledger.per_round()
         cumulative = np.cumsum([uploaded[t]["up"] for t in sorted(uploaded)]) / len(clients) / 1e6
         for rec in result.metrics:
@@ -174,6 +179,28 @@ def score(result: SimulationResult) -> float:
     """The final round's headline metric in points: Matthews correlation for CoLA, else accuracy."""
     final = result.metrics[-1]
     return 100 * final.get("matthews", final["accuracy"])
+
+
+def glue_sensitivity(cfg: Config, runner: Runner, task: str, problem: TorchLoRAProblem,
+                     train: ClassificationData) -> str:
+    """FSLoRA on one GLUE task and seed under each (lr, momentum, lora_alpha) setting; returns a markdown table of
+    the score, the same head's score with Delta W = 0, and ||Delta W|| / ||W0|| (mean over adapted layers)."""
+    seed, lines, fed = cfg.seeds[0], [], runner.fed
+    clients = devices(train, fed, seed)
+    for lr, momentum, alpha in cfg.glue.sensitivity:
+        setting = Runner(fed.model_copy(update={"momentum": momentum, "lora_alpha": alpha}), runner.progress)
+        setting.records = runner.records
+        problem.lr, problem.momentum = lr, momentum
+        result = setting.run({"experiment": "GLUE sensitivity", "problem": task, "variant": f"{lr}/{momentum}/{alpha}"},
+                             problem, clients, "fslora", setting.fed.rank, setting.fed.ratios, seed, setting.fed.rounds)
+        final = result.metrics[-1]
+        lines.append(f"| {lr:g} | {momentum:g} | {alpha:g} | {score(result):.1f} | "
+                     f"{final['score_without_lora']:.1f} | {final['delta_w_rel_norm']:.4f} |")
+    problem.lr, problem.momentum = cfg.glue.lr, fed.momentum
+    return "\n".join([f"GLUE sensitivity: FSLoRA on {task}, seed {seed}, {fed.rounds} rounds of H = {fed.steps} (the "
+                      f"E1 setting is lr {cfg.glue.lr}, momentum {fed.momentum}, alpha {fed.lora_alpha}):",
+                      "", "| lr | momentum | lora_alpha | score | same head, Delta W = 0 | "
+                      "norm(Delta W)/norm(W0) |", "|---|---|---|---|---|---|", *lines])
 
 
 class E1Results:
@@ -204,6 +231,9 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 
 def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     fed, abl, runner = cfg.federation, cfg.ablations, Runner(cfg.federation, progress)
+    glue_runner = Runner(validate(FederationConfig, fed.model_dump() | cfg.glue.federation, "glue.federation"),
+                         progress)
+    glue_runner.records = runner.records
     notes = [f"{fed.devices} devices, Dirichlet(alpha={fed.alpha}) label split (min {fed.min_size} per device); "
              f"global rank r = {fed.rank}; device ratios drawn once per device from {fed.ratios}; H = {fed.steps} "
              f"SGD steps (momentum {fed.momentum}) of batch {fed.batch_size} per round; server step "
@@ -224,15 +254,20 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     if cfg.glue.tasks and glue_root is None:
         notes.append("**GLUE skipped:** ../shared/data not found.")
     backbone = load_backbone(cfg.glue.backbone) if cfg.glue.tasks and glue_root is not None else None
+    gfed = glue_runner.fed
+    if cfg.glue.federation:
+        notes.append(f"GLUE overrides of the above: {cfg.glue.federation}.")
     for task in cfg.glue.tasks if glue_root is not None else []:
-        problem, train = glue_problem(task, glue_root / "glue", backbone, Seeds(0), fed.rank, cfg.glue.max_train,
-                                      cfg.glue.max_length, cfg.glue.lora_blocks, cfg.glue.targets, fed.steps,
-                                      cfg.glue.lr, fed.batch_size, device=cfg.glue.device, momentum=fed.momentum)
+        problem, train = glue_problem(task, glue_root / "glue", backbone, Seeds(0), gfed.rank, cfg.glue.max_train,
+                                      cfg.glue.max_length, cfg.glue.lora_blocks, cfg.glue.targets, gfed.steps,
+                                      cfg.glue.lr, gfed.batch_size, device=cfg.glue.device, momentum=gfed.momentum)
+        if task == cfg.glue.tasks[0] and cfg.glue.sensitivity:
+            notes.append(glue_sensitivity(cfg, glue_runner, task, problem, train))
         for seed in cfg.seeds:
-            clients = devices(train, fed, seed)
+            clients = devices(train, gfed, seed)
             for method in METHODS:
-                e1.record(task, method, runner.run({"experiment": "E1", "problem": task}, problem, clients, method,
-                                                   fed.rank, fed.ratios, seed, fed.rounds))
+                e1.record(task, method, glue_runner.run({"experiment": "E1", "problem": task}, problem, clients,
+                                                        method, gfed.rank, gfed.ratios, seed, gfed.rounds))
     main_problems = ["synthetic"] + [t for t in cfg.glue.tasks if glue_root is not None]
     if cfg.commonsense.train_file is not None and cfg.commonsense.test_root is not None:
         main_problems.append(commonsense_e1(cfg, runner, e1, notes))
