@@ -1,4 +1,4 @@
-"""Shared helpers for the data tests: writing small fixture files and the skip marker for real data."""
+"""Shared helpers for the data tests: writing small fixture files (MNLI rows too) and the skip marker for real data."""
 
 from __future__ import annotations
 
@@ -27,3 +27,14 @@ def write(path: Path, content: str | bytes, gz: bool = False) -> Path:
 def jsonl(*rows: object) -> str:
     """JSON lines for the given rows."""
     return "".join(json.dumps(r) + "\n" for r in rows)
+
+
+# MNLI's columns before its labels (train: label1, gold_label; dev_matched: label1..label5, gold_label)
+MNLI_HEAD = ("index\tpromptID\tpairID\tgenre\tsentence1_binary_parse\tsentence2_binary_parse\tsentence1_parse\t"
+             "sentence2_parse\tsentence1\tsentence2\t")
+
+
+def mnli_row(i: int, premise: str, hypothesis: str, *labels: str) -> str:
+    """One MNLI row: ids, genre, (stand-in) parses, the pair, then the annotators' labels and the gold label."""
+    parses = [f"( {premise} )", f"( {hypothesis} )", "(ROOT)", "(ROOT)"]
+    return "\t".join([str(i), f"{i}1", f"{i}1e", "fiction", *parses, premise, hypothesis, *labels]) + "\n"

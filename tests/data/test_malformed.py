@@ -5,7 +5,7 @@ import json
 import pytest
 
 from collabalign.data import DataError, load_glue, load_hh_rlhf, load_hhh, load_jsonl
-from tests.data.helpers import jsonl, write
+from tests.data.helpers import MNLI_HEAD, jsonl, mnli_row, write
 
 OK = {"prompt": "Hi?", "chosen": "Hello.", "rejected": "Bye."}
 HH_OK = {"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello.", "rejected": "\n\nHuman: Hi?\n\nAssistant: Bye."}
@@ -67,6 +67,9 @@ SST2 = "sentence\tlabel\na fine film \t1\n"
 RTE = "index\tsentence1\tsentence2\tlabel\n0\tA cat sat.\tAn animal sat.\tentailment\n"
 STSB = "index\tgenre\tfilename\tyear\told_index\tsource1\tsource2\tsentence1\tsentence2\tscore\n"
 MRPC = "Quality\t#1 ID\t#2 ID\t#1 String\t#2 String\n"
+QNLI = "index\tquestion\tsentence\tlabel\n"
+QQP = "id\tqid1\tqid2\tquestion1\tquestion2\tis_duplicate\n"
+MNLI_DEV = MNLI_HEAD + "label1\tlabel2\tlabel3\tlabel4\tlabel5\tgold_label\n"
 
 GLUE_CASES = {
     "rte_unknown_label": ("RTE", RTE + "1\tA dog ran.\tA dog moved.\tmaybe\n", 3, "label", "'maybe'"),
@@ -78,6 +81,15 @@ GLUE_CASES = {
     "cola_binary_label": ("CoLA", "gj04\t1\t\tGood.\ngj04\t2\t*\tBad.\n", 2, "label", "'2'"),
     "cola_bad_utf8": ("CoLA", b"gj04\t1\t\tGood.\ngj04\t0\t*\tBad \xff.\n", 2, None, "UTF-8"),
     "sst2_header_only": ("SST-2", "sentence\tlabel\n", None, None, "no rows"),
+    "qnli_unknown_label": ("QNLI", QNLI + "0\tWho?\tHe did.\tentailed\n", 2, "label", "'entailed'"),
+    # original QQP rows broken by a newline inside a question: the first part lacks question2 and is_duplicate
+    "qqp_row_split_by_newline": ("QQP", QQP + "1\t1\t2\tHow do\nI cook?\tHow to cook?\t1\n", 2, "question2",
+                                 "expected 6 tab-separated columns, got 4"),
+    "qqp_empty_question": ("QQP", QQP + "1\t1\t2\tHow?\t\t0\n", 2, "question2", "empty text"),
+    "qqp_bad_duplicate_flag": ("QQP", QQP + "1\t1\t2\tHow?\tWhy?\tyes\n", 2, "is_duplicate", "'yes'"),
+    "mnli_no_gold_label": ("MNLI", MNLI_DEV + mnli_row(0, "A.", "B.", "neutral", "neutral", "entailment",
+                                                       "contradiction", "entailment", "-"), 2, "gold_label", "'-'"),
+    "mnli_header_without_gold_label": ("MNLI", MNLI_HEAD + "label1\n", 1, None, "lacks column(s) ['gold_label']"),
 }
 
 
@@ -85,7 +97,7 @@ GLUE_CASES = {
 def test_glue_names_file_line_field(tmp_path, case):
     task, content, line, field, fragment = case
     (tmp_path / task).mkdir()
-    path = write(tmp_path / task / "dev.tsv", content)
+    path = write(tmp_path / task / ("dev_matched.tsv" if task == "MNLI" else "dev.tsv"), content)
     with pytest.raises(DataError) as info:
         load_glue(task, "dev", tmp_path)
     err = info.value

@@ -60,6 +60,7 @@ def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
     path = CONFIG_DIR / "fslora" / "gpu_roberta.yaml"
     cfg = validate(Config, {k: v for k, v in read_yaml(path).items() if k != "experiment"})
     assert (cfg.glue.backbone, cfg.glue.lora_blocks, cfg.federation.rank) == ("roberta-base", 12, 64)
+    assert cfg.glue.tasks == ["QNLI", "MRPC", "CoLA", "MNLI", "RTE", "SST-2", "QQP"]  # Table 5.1's order
     tiny = tmp_path / "tiny-bert"
     BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=64)).save_pretrained(tiny)

@@ -3,9 +3,9 @@
 from collabalign.data.bigbench_hhh import HHH_SUBSETS, load_hhh
 from collabalign.data.commonsense import COMMONSENSE_TASKS, extract_answer, load_commonsense, load_commonsense_test
 from collabalign.data.errors import DataError
-from collabalign.data.glue import GLUE_TASKS, TextDataset, glue_metric, load_glue
+from collabalign.data.glue import GLUE_TASKS, TextDataset, glue_metric, glue_path, load_glue
 from collabalign.data.hh_rlhf import TOPIC_KEYWORDS, hh_attributes, load_hh_rlhf
-from collabalign.data.hub import glue_from_hub, hh_rlhf_from_hub, tldr_comparisons_from_hub
+from collabalign.data.hub import glue_from_hub, hh_rlhf_from_hub, load_glue_any, tldr_comparisons_from_hub
 from collabalign.data.partition import by_key, dirichlet, iid, label_skew
 from collabalign.data.paths import shared_data_dir
 from collabalign.data.preferences import PreferencePair, PreferenceSet, load_jsonl
@@ -26,6 +26,7 @@ __all__ = [
     "extract_answer",
     "glue_from_hub",
     "glue_metric",
+    "glue_path",
     "hh_attributes",
     "hh_rlhf_from_hub",
     "iid",
@@ -33,6 +34,7 @@ __all__ = [
     "load_commonsense",
     "load_commonsense_test",
     "load_glue",
+    "load_glue_any",
     "load_hh_rlhf",
     "load_hhh",
     "load_jsonl",

@@ -30,9 +30,9 @@ class TextDataset:
 
 @dataclass(frozen=True)
 class GlueLayout:
-    """Where one task's columns are in its tsv and how its label column is read."""
+    """Which columns one task's tsv has and how its label column is read (by header name where it has a header)."""
 
-    columns: tuple[str, ...]
+    columns: tuple[str, ...]  # all of them in order (no header), else those the header must name (it may add more)
     header: bool
     text_a: str
     text_b: str | None
@@ -40,6 +40,7 @@ class GlueLayout:
     parse: Callable[[str], float | int]
     num_labels: int
     metric: str
+    dev: str = "dev"  # the dev split's file stem
 
 
 def _binary(value: str) -> int:
@@ -50,8 +51,13 @@ def _binary(value: str) -> int:
 
 
 def _entailment(value: str) -> int:
-    """RTE's label names as the hub's class ids (entailment = 0)."""
+    """RTE's and QNLI's label names as the hub's class ids (entailment = 0)."""
     return {"entailment": 0, "not_entailment": 1}[value]  # KeyError (a LookupError) for anything else
+
+
+def _nli(value: str) -> int:
+    """MNLI's gold label names as the hub's class ids."""
+    return {"entailment": 0, "neutral": 1, "contradiction": 2}[value]
 
 
 def _similarity(value: str) -> float:
@@ -63,6 +69,8 @@ def _similarity(value: str) -> float:
 
 
 _STSB_COLUMNS = ("index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2")
+_MNLI_COLUMNS = ("index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+                 "sentence1_parse", "sentence2_parse")
 LAYOUTS: dict[str, GlueLayout] = {
     "CoLA": GlueLayout(
         columns=("source", "label", "mark", "sentence"),
@@ -114,6 +122,37 @@ LAYOUTS: dict[str, GlueLayout] = {
         num_labels=1,
         metric="pearson",
     ),
+    "QNLI": GlueLayout(
+        columns=("index", "question", "sentence", "label"),
+        header=True,
+        text_a="question",
+        text_b="sentence",
+        label="label",
+        parse=_entailment,
+        num_labels=2,
+        metric="accuracy",
+    ),
+    "QQP": GlueLayout(
+        columns=("id", "qid1", "qid2", "question1", "question2", "is_duplicate"),
+        header=True,
+        text_a="question1",
+        text_b="question2",
+        label="is_duplicate",
+        parse=_binary,
+        num_labels=2,
+        metric="accuracy",
+    ),
+    "MNLI": GlueLayout(  # dev_matched.tsv adds label2..label5 before gold_label
+        columns=(*_MNLI_COLUMNS, "sentence1", "sentence2", "label1", "gold_label"),
+        header=True,
+        text_a="sentence1",
+        text_b="sentence2",
+        label="gold_label",
+        parse=_nli,
+        num_labels=3,
+        metric="accuracy",
+        dev="dev_matched",  # the paper's validation_matched
+    ),
 }
 GLUE_TASKS = tuple(LAYOUTS)
 
@@ -135,13 +174,18 @@ def _decoded_lines(path: Path) -> Iterator[str]:
                 raise DataError(path, lineno, None, "not valid UTF-8") from err
 
 
-def load_glue(task: str, split: str, root: str | Path) -> TextDataset:
-    """Load root/<task>/<split>.tsv (split "train" or "dev") in GLUE's original layout; bad rows raise DataError."""
+def glue_path(task: str, split: str, root: str | Path) -> Path:
+    """root/<task>/<file>.tsv of a split ("train" or "dev"; MNLI's dev is dev_matched.tsv)."""
     layout = glue_layout(task)
     if split not in ("train", "dev"):
         raise ValueError(f"unknown GLUE split {split!r}; expected 'train' or 'dev' (test files have no labels)")
-    path = Path(root) / task / f"{split}.tsv"
-    col = {name: i for i, name in enumerate(layout.columns)}
+    return Path(root) / task / f"{layout.dev if split == 'dev' else split}.tsv"
+
+
+def load_glue(task: str, split: str, root: str | Path) -> TextDataset:
+    """Load a split's tsv (see glue_path) in GLUE's original layout; bad rows raise DataError."""
+    layout, path = glue_layout(task), glue_path(task, split, root)
+    columns: tuple[str, ...] | None = None if layout.header else layout.columns  # else the header's
     text_a: list[str] = []
     text_b: list[str] = []
     labels: list[float | int] = []
@@ -150,22 +194,26 @@ def load_glue(task: str, split: str, root: str | Path) -> TextDataset:
         line = reader.line_num
         if not row:
             continue  # a blank line is not a row
-        if len(row) != len(layout.columns):
-            raise DataError(path, line, None, f"expected {len(layout.columns)} tab-separated columns, got {len(row)}")
-        if layout.header and line == 1:
-            if tuple(row) != layout.columns:
-                raise DataError(path, line, None, f"header {row} is not {list(layout.columns)}")
+        if columns is None:
+            missing = [name for name in layout.columns if name not in row]
+            if missing:
+                raise DataError(path, line, None, f"header {row} lacks column(s) {missing}")
+            columns = tuple(row)
             continue
+        if len(row) != len(columns):
+            first_missing = columns[len(row)] if len(row) < len(columns) else None
+            raise DataError(path, line, first_missing, f"expected {len(columns)} tab-separated columns, got {len(row)}")
+        value = dict(zip(columns, row, strict=True))
         for name in (layout.text_a, layout.text_b):
-            if name is not None and not row[col[name]].strip():
+            if name is not None and not value[name].strip():
                 raise DataError(path, line, name, "empty text")
         try:
-            labels.append(layout.parse(row[col[layout.label]].strip()))
+            labels.append(layout.parse(value[layout.label].strip()))
         except (ValueError, LookupError) as err:
-            raise DataError(path, line, layout.label, f"bad label {row[col[layout.label]]!r}") from err
-        text_a.append(row[col[layout.text_a]].strip())
+            raise DataError(path, line, layout.label, f"bad label {value[layout.label]!r}") from err
+        text_a.append(value[layout.text_a].strip())
         if layout.text_b is not None:
-            text_b.append(row[col[layout.text_b]].strip())
+            text_b.append(value[layout.text_b].strip())
     if not labels:
         raise DataError(path, None, None, "no rows")
     dtype = np.float32 if layout.num_labels == 1 else np.int64

@@ -20,7 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from collabalign.data.glue import glue_metric, load_glue
+from collabalign.data.glue import glue_metric
+from collabalign.data.hub import load_glue_any
 from collabalign.lora.inject import inject_lora, lora_layers
 from collabalign.models.backbones import Backbone
 from collabalign.models.pooled import PooledModel, Tokens, layer_stack, tokenize, top_block_targets
@@ -189,15 +190,16 @@ class CachedTextClassifier(nn.Module):
         return self.pooled(tokens.to(rows.device), features, self.split)
 
 
-def glue_problem(task: str, root: Path, backbone: Backbone, seeds: Seeds, rank: int, max_train: int,
+def glue_problem(task: str, root: Path | None, backbone: Backbone, seeds: Seeds, rank: int, max_train: int,
                  max_length: int, lora_blocks: int, targets: list[str], steps: int, lr: float,
                  batch_size: int = 16, max_test: int | None = None, device: str = "cpu",
                  momentum: float = 0.0) -> tuple[TorchLoRAProblem, ClassificationData]:
-    """A GLUE task as a LoRA problem: `max_train` training examples (a seeded subset of the train split when it
-    is larger), the dev split (its first `max_test` rows, if given) as the test set, LoRA of global rank `rank`
-    on `targets` of the top `lora_blocks` blocks of a copy of the backbone, a fresh linear head on mean-pooled
-    states; returns (problem, training data)."""
-    train_set, dev_set = load_glue(task, "train", root), load_glue(task, "dev", root)
+    """A GLUE task (root/<task>/ tsv files, else the hub: load_glue_any) as a LoRA problem with one output per
+    class: `max_train` training examples (a seeded subset of the train split when it is larger), the dev split
+    (its first `max_test` rows, if given) as the test set, LoRA of global rank `rank` on `targets` of the top
+    `lora_blocks` blocks of a copy of the backbone, a fresh linear head on mean-pooled states; returns (problem,
+    training data)."""
+    train_set, dev_set = load_glue_any(task, "train", root), load_glue_any(task, "dev", root)
     if max_test is not None:
         dev_set = replace(dev_set, text_a=dev_set.text_a[:max_test], labels=dev_set.labels[:max_test],
                           text_b=None if dev_set.text_b is None else dev_set.text_b[:max_test])
