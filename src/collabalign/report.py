@@ -97,7 +97,7 @@ def write_report(path: str | Path, title: str = "", plot_metrics: tuple[str, ...
     metrics_to_plot = plot_metrics or tuple(summary.get("plot_metrics", ("accuracy",)))  # [] in summary: none
     lines = [f"# {title or summary.get('title', run.path.name)}", ""]
     if summary.get("notes"):
-        lines += [str(n) for n in summary["notes"]] + [""]
+        lines += [line for n in summary["notes"] for line in (str(n), "")]  # a paragraph or table each
     lines += ["## Claims", "", "| claim | expected | measured | verdict |", "|---|---|---|---|"]
     for c in summary["claims"]:
         lines.append(f"| {c['name']} | {c['expected']} | {_fmt(c['measured'])} | **{c['verdict']}** |")

@@ -67,7 +67,23 @@ def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
     AutoTokenizer.from_pretrained(package_dir(MINILM_PACKAGE) / "model").save_pretrained(tiny)
     overrides = [f"glue.backbone={tiny}", "glue.device=cpu", "glue.tasks=[RTE]", "glue.max_train=24",
                  "glue.lora_blocks=2", "glue.max_length=32", *TOY[:-1], "federation.devices=3",
-                 "federation.min_size=2", "ablations.run=false", "theory.run=false", "--no-progress"]
+                 "federation.min_size=2", "ablations.run=false", "theory.run=false",
+                 "glue.federation={rounds: 1, momentum: 0.9}", "glue.sensitivity=[[0.1, 0.0, 4.0]]", "--no-progress"]
     assert main(["run", str(path), *overrides, "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert "RTE/fslora" in summary["metrics"]["E1"]
+    records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    glue = [r for r in records if r.get("problem") == "RTE" and r["experiment"] == "E1"]
+    assert max(r["round"] for r in glue) == 1 < max(r["round"] for r in records if r.get("problem") == "synthetic")
+    final = [r for r in glue if r["round"] == 1]
+    assert len(final) == 5 and all("score_without_lora" in r and r["delta_w_rel_norm"] >= 0 for r in final)
+    sensitivity = [n for n in summary["notes"] if n.startswith("GLUE sensitivity")]
+    assert len(sensitivity) == 1 and "| 0.1 | 0 | 4 |" in sensitivity[0]
+    assert {r["experiment"] for r in records} == {"E1", "GLUE sensitivity"}
+
+
+def test_a_bad_glue_federation_override_is_named_before_any_work(tmp_path, capsys):
+    path = config_path("fslora", quick=True)
+    assert main(["run", str(path), "glue.federation={rounds: 1, rouds: 2}", "--no-progress", "--out",
+                 str(tmp_path)]) == 2
+    assert "glue.federation" in capsys.readouterr().err and not (tmp_path / "metrics.jsonl").exists()
