@@ -202,7 +202,7 @@ def theory_claims(th: TheoryConfig, seeds: Seeds, metrics: dict, run_dir: RunDir
         claim("Theory: speed-up over independent learning ~ max{1/n, delta}, never worse",
               "reproduced" if slo <= speed["slope"] <= shi and never_worse else "not reproduced",
               {"slope": round(speed["slope"], 3), "constant": round(speed["constant"], 3),
-               "slope_in_n": round(speed["slope_in_n"], 3), "slope_in_delta": round(speed["slope_in_delta"], 3),
+               "slope_in_n": _round(speed["slope_in_n"]), "slope_in_delta": _round(speed["slope_in_delta"]),
                "max_ratio": round(max(p["ratio"] for p in speed["points"]), 3)},
               f"log-log slope of MSE ratio vs max{{1/n, delta}} in [{slo:g}, {shi:g}] and every ratio <= 1"),
         claim(f"Fig. 6: at ({th.agent_level:g}, {th.agent_level:g}) the centre agent gets a free ride",
@@ -224,6 +224,10 @@ def theory_claims(th: TheoryConfig, seeds: Seeds, metrics: dict, run_dir: RunDir
               "positive rank correlation of per-(run, agent) MSE ratio with max{1/n, delta_cen^i}, two-sided p < 0.1 "
               "(pairs within a run are not independent: the p-value is approximate)"),
     ]
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 def _sign_verdict(rho: float, p: float) -> str:

@@ -58,6 +58,15 @@ class GaussianSystems:
         self.x_c = np.linalg.solve(self.abar.mean(1), self.bbar.mean(1)[..., None])[..., 0]
         self.lam = self.lambda_min_sym(self.abar).min(axis=1)  # lambda per run (min over agents), (R,)
 
+    def tile(self, copies: int) -> GaussianSystems:
+        """A system whose runs are `copies` copies of run 0: many independent draws of one instance at once (Monte Carlo
+        checks)."""
+        out = object.__new__(GaussianSystems)
+        out.__dict__.update({k: np.repeat(v[:1], copies, axis=0) if isinstance(v, np.ndarray) else v
+                             for k, v in self.__dict__.items()})
+        out.runs = copies
+        return out
+
     @staticmethod
     def lambda_min_sym(mats: np.ndarray) -> np.ndarray:
         """Smallest eigenvalue of sym(M) for a stack of matrices (the strong-monotonicity constant)."""
