@@ -73,12 +73,12 @@ def reference_affpcl(system: GaussianSystems, steps: int, alpha: float, rng: np.
             b = [phi_s[i] @ system.theta[r, i] for i in range(n)]
             corr = [a_s[j] @ xc - phi_s[j] @ th for j in range(n)]
             means = _weight_means(system, r, weights, mean_sum, t)
+            mu0 = None if means is None else [sum(_density(m, s[j]) for m in means) / n for j in range(n)]
             new_x = []
             for i in range(n):
                 server = np.zeros(d)
                 for j in range(n):
-                    rho = 1.0 if means is None else (
-                        _density(means[i], s[j]) / (sum(_density(m, s[j]) for m in means) / n))
+                    rho = 1.0 if mu0 is None else _density(means[i], s[j]) / mu0[j]
                     server += rho * corr[j] / n
                 new_x.append(x[i] - a[t, r] * (a_s[i] @ x[i] - b[i] + server - corr[i]))
             g_c = sum((a_s[i] @ xc - b[i]) if cdl == "22-1" else corr[i] for i in range(n)) / n
