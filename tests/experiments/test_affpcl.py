@@ -25,7 +25,7 @@ def toy_runs(tmp_path_factory):
 def test_every_claim_is_reported_with_a_verdict_and_plots_are_written(toy_runs):
     summary = json.loads((toy_runs[0] / "summary.json").read_text())
     names = [c["name"] for c in summary["claims"]]
-    assert len(names) == 14 and names[0] == "AffPCL matches FedAvg in the homogeneous setting"
+    assert len(names) == 15 and names[0] == "AffPCL matches FedAvg in the homogeneous setting"
     assert sum(n.startswith("[appendix_b]") for n in names) == 4
     assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
     assert set(summary["metrics"]["fig1_last10_mse0"]) == {"0", "0.5", "0.8"}
@@ -33,6 +33,11 @@ def test_every_claim_is_reported_with_a_verdict_and_plots_are_written(toy_runs):
     for plot in ("fig1_main_text", "fig1_appendix_b", "fig6_agents", "theory_rate", "theory_speedup"):
         assert (toy_runs[0] / "plots" / f"{plot}.png").stat().st_size > 1000
     assert "| AffPCL matches FedAvg in the homogeneous setting |" in (toy_runs[0] / "report.md").read_text()
+    communication = summary["claims"][-6]
+    assert communication["name"].startswith("Remark 1") and communication["verdict"] == "reproduced"
+    assert communication["measured"]["simulator_vs_vectorised_max_rel_gap"] < 1e-5
+    ledger = (toy_runs[0] / "ledger.csv").read_text().splitlines()
+    assert ledger[0] == "method,round,client,direction,bytes" and len(ledger) == 1 + 2 * 2 * 6 * 20
 
 
 def test_records_hold_mean_and_median_curves_per_method(toy_runs):
