@@ -11,7 +11,9 @@ from collabalign.experiments.affpcl import Config
 TOY = ["fig1.runs=4", "fig1.steps=20", "fig1.n=6", "fig1.sets={main_text: [0.0, 0.8], appendix_b: [0.0, 0.5]}",
        "theory.rate_levels=[0.0]", "theory.rate_steps=60", "theory.rate_runs=2", "theory.speedup_n_list=[2, 6]",
        "theory.speedup_deltas=[0.2, 0.5]", "theory.speedup_n=6", "theory.speedup_steps=60", "theory.speedup_runs=2",
-       "theory.agent_n=6", "theory.agent_steps=20", "theory.agent_runs=4", "--no-progress"]
+       "theory.agent_n=6", "theory.agent_steps=20", "theory.agent_runs=4", "sweeps.runs=2", "sweeps.n=6",
+       "sweeps.steps=20", "sweeps.fig4_grid=[0.0, 0.5]", "sweeps.fig5_n=[2, 6]", "sweeps.fig5_deltas=[0.5, 0.1]",
+       "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -25,16 +27,18 @@ def toy_runs(tmp_path_factory):
 def test_every_claim_is_reported_with_a_verdict_and_plots_are_written(toy_runs):
     summary = json.loads((toy_runs[0] / "summary.json").read_text())
     names = [c["name"] for c in summary["claims"]]
-    assert len(names) == 15 and names[0] == "AffPCL matches FedAvg in the homogeneous setting"
+    assert len(names) == 18 and names[0] == "AffPCL matches FedAvg in the homogeneous setting"
     assert sum(n.startswith("[appendix_b]") for n in names) == 4
     assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
     assert set(summary["metrics"]["fig1_last10_mse0"]) == {"0", "0.5", "0.8"}
     assert "slope" in summary["metrics"]["theory"]["speedup"]
-    for plot in ("fig1_main_text", "fig1_appendix_b", "fig6_agents", "theory_rate", "theory_speedup"):
+    assert len(summary["metrics"]["fig4"]["improvement_vs_il"]) == 2 and "r2_log_mse" in summary["metrics"]["fig5"]
+    for plot in ("fig1_main_text", "fig1_appendix_b", "fig6_agents", "theory_rate", "theory_speedup",
+                 "fig4_improvement", "fig5_contours"):
         assert (toy_runs[0] / "plots" / f"{plot}.png").stat().st_size > 1000
     assert "| AffPCL matches FedAvg in the homogeneous setting |" in (toy_runs[0] / "report.md").read_text()
-    communication = summary["claims"][-6]
-    assert communication["name"].startswith("Remark 1") and communication["verdict"] == "reproduced"
+    communication = next(c for c in summary["claims"] if c["name"].startswith("Remark 1"))
+    assert communication["verdict"] == "reproduced" and communication["measured"]["payload_ratio"] == 3.5
     assert communication["measured"]["simulator_vs_vectorised_max_rel_gap"] < 1e-5
     ledger = (toy_runs[0] / "ledger.csv").read_text().splitlines()
     assert ledger[0] == "method,round,client,direction,bytes" and len(ledger) == 1 + 2 * 2 * 6 * 20

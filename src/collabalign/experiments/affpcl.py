@@ -11,12 +11,12 @@ import numpy as np
 
 from collabalign.config import Strict
 from collabalign.experiments import affpcl_plots as plots
+from collabalign.experiments.affpcl_checks import SweepConfig, TheoryConfig, sweep_claims, theory_claims
 from collabalign.federation import simulate
 from collabalign.methods.affpcl import METHODS, GaussianSystems, heterogeneity, run_affpcl
 from collabalign.methods.affpcl.common import draw_noise
 from collabalign.methods.affpcl.federated import AffPCLFederated, FedAvgFederated, agent_data, payload_bytes
-from collabalign.methods.affpcl.stats import band_verdict, bands, ratio_ci
-from collabalign.methods.affpcl.theory import agent_check, rate_check, speedup_check
+from collabalign.methods.affpcl.stats import band_verdict, bands, ci_dict, ratio_ci
 from collabalign.runs import RunDir, claim
 from collabalign.seeding import Seeds
 
@@ -41,31 +41,11 @@ class Fig1Config(Strict):
     speedup: float = 2.0  # "significant speed-up": MSE ratio below 1 / speedup
 
 
-class TheoryConfig(Strict):
-    run: bool = True
-    rate_n: int = 20
-    rate_levels: list[float] = [0.0, 0.2]
-    rate_steps: int = 2000
-    rate_runs: int = 6
-    rate_c: float = 2.0
-    slope_band: tuple[float, float] = (-1.25, -0.75)
-    speedup_n_list: list[int] = [2, 5, 10, 20, 50]
-    speedup_deltas: list[float] = [0.05, 0.2, 0.5, 0.8]
-    speedup_n: int = 50
-    speedup_steps: int = 2000
-    speedup_runs: int = 6
-    speedup_slope_band: tuple[float, float] = (0.7, 1.3)
-    agent_n: int = 40  # Fig. 6 setting of the reference scripts
-    agent_level: float = 0.7
-    agent_steps: int = 70
-    agent_runs: int = 20
-    agent_alpha: float = 0.01
-
-
 class Config(Strict):
     seed: int = 0
     fig1: Fig1Config = Fig1Config()
     theory: TheoryConfig = TheoryConfig()
+    sweeps: SweepConfig = SweepConfig()
 
 
 def run_level(cfg: Fig1Config, seeds: Seeds, level: float) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -102,7 +82,9 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
                "fig1_realised_heterogeneity": {f"{lv:g}": realised[lv] for lv in levels}}
     claims.append(communication_claim(f1, seeds, run_dir, metrics))
     if cfg.theory.run:
-        claims += theory_claims(cfg.theory, seeds, metrics, run_dir, rng, f1)
+        claims += theory_claims(cfg.theory, seeds, metrics, run_dir, rng, f1.speedup, f1.match_band)
+    if cfg.sweeps.run:
+        claims += sweep_claims(cfg.sweeps, seeds, metrics, run_dir, f1.match_band)
     run_dir.write_metrics(records)
     notes = [f"Gaussian linear systems of §5.1 (n = {f1.n}, d = {f1.d}, eps_A = 1, eps_b = 0.5, theta_base unit "
              f"norm), exact closed-form references, a fresh instance per run; constant step {f1.alpha}, T = "
@@ -154,17 +136,13 @@ def communication_claim(cfg: Fig1Config, seeds: Seeds, run_dir: RunDir, metrics:
                  "the ledger's wire bytes include the safetensors header")
 
 
-def _ci(ci: tuple[float, float, float]) -> dict[str, float]:
-    return {"ratio": round(ci[0], 4), "ci90": [round(ci[1], 4), round(ci[2], 4)]}
-
-
 def match_claim(name: str, last: dict, a: str, b: str, cfg: Fig1Config, rng: np.random.Generator) -> dict:
     """`a` matches `b`: the paired 90% interval of the last-10 MSE^0 ratio (means) inside the match band."""
     ci = ratio_ci(last[a], last[b], rng)
     med = ratio_ci(last[a], last[b], rng, stat="median")
     lo, hi = cfg.match_band
     return claim(name, band_verdict(ci, lo, hi),
-                 {f"{a}_over_{b}": _ci(ci), "median_ratio": _ci(med), a: float(last[a].mean()),
+                 {f"{a}_over_{b}": ci_dict(ci), "median_ratio": ci_dict(med), a: float(last[a].mean()),
                   b: float(last[b].mean())},
                  f"ratio of mean last-10 MSE^0 with its 90% interval inside [{lo:.3g}, {hi:.3g}]")
 
@@ -182,9 +160,9 @@ def fig1_claims(name: str, levels: list[float], last: dict, cfg: Fig1Config, rng
                     continue
                 ci = ratio_ci(last[lv]["affpcl"], last[lv][m], rng, stat=stat)
                 if ci[1] > 1:
-                    beaten[f"{lv:g}/{m}"] = _ci(ci)
+                    beaten[f"{lv:g}/{m}"] = ci_dict(ci)
                 elif ci[2] >= 1:
-                    ties[f"{lv:g}/{m}"] = _ci(ci)
+                    ties[f"{lv:g}/{m}"] = ci_dict(ci)
         out.append(claim(f"[{name}] AffPCL has the lowest last-10 MSE^0 at every level ({stat} over runs)",
                          "not reproduced" if beaten else "reproduced",
                          {"significantly_lower_rivals": beaten, "ties": ties},
@@ -192,75 +170,7 @@ def fig1_claims(name: str, levels: list[float], last: dict, cfg: Fig1Config, rng
     ci = ratio_ci(last[top]["affpcl_agent1"], last[top]["il_agent1"], rng)
     out.append(claim(f"[{name}] At the highest level ({top:g}) the agent closest to the centre still gets a "
                      "significant speed-up", band_verdict(ci, 0, 1 / cfg.speedup),
-                     {"agent1_affpcl_over_il": _ci(ci), "speedup": round(1 / ci[0], 2),
-                      "affpcl_mse0_over_il": _ci(ratio_ci(last[top]["affpcl"], last[top]["il"], rng))},
+                     {"agent1_affpcl_over_il": ci_dict(ci), "speedup": round(1 / ci[0], 2),
+                      "affpcl_mse0_over_il": ci_dict(ratio_ci(last[top]["affpcl"], last[top]["il"], rng))},
                      f"agent 1's MSE ratio AffPCL / independent with its 90% interval below 1/{cfg.speedup:g}"))
     return out
-
-
-def theory_claims(th: TheoryConfig, seeds: Seeds, metrics: dict, run_dir: RunDir, rng: np.random.Generator,
-                  f1: Fig1Config) -> list[dict]:
-    """§7.2 items 2, 3 and 5 (Fig. 6), with their plots."""
-    rate = rate_check(seeds, th.rate_n, th.rate_levels, th.rate_steps, th.rate_runs, th.rate_c)
-    speed = speedup_check(seeds, th.speedup_n_list, th.speedup_deltas, th.speedup_n, th.speedup_steps,
-                          th.speedup_runs)
-    agent = agent_check(seeds, th.agent_n, th.agent_level, th.agent_steps, th.agent_runs, th.agent_alpha)
-    plots.rate(run_dir.path / "plots" / "theory_rate.png", rate)
-    plots.speedup(run_dir.path / "plots" / "theory_speedup.png", speed)
-    panels = {title: {m: bands(e[:, :, i], seeds.numpy(f"bands/agent/{m}/{i}")) for m, e in agent["errors"].items()}
-              for title, i in ((f"generic agent (agent {th.agent_n})", -1), ("agent 1 (closest to the centre)", 0))}
-    plots.fig6(run_dir.path / "plots" / "fig6_agents.png", panels)
-    slopes = {f"{lv:g}": {m: round(s, 3) for m, s in by.items()} for lv, by in rate["slopes"].items()}
-    lo, hi = th.slope_band
-    in_band = [lo <= s["affpcl"] <= hi for s in rate["slopes"].values()]
-    slo, shi = th.speedup_slope_band
-    never_worse = all(p["ratio"] <= 1 for p in speed["points"])
-    per = agent["per_run"]
-    centre = ratio_ci(per["affpcl"][:, 0], per["il"][:, 0], rng)
-    generic = ratio_ci(per["affpcl"][:, -1], per["il"][:, -1], rng)
-    metrics["theory"] = {"rate": {"slopes": slopes, "fit_from_t": rate["fit_from"], "steps": th.rate_steps},
-                         "speedup": speed,
-                         "agent": {"ratio_by_agent": np.round(agent["ratio_by_agent"], 4).tolist(),
-                                   "spearman_ratio_vs_delta_cen": agent["spearman"],
-                                   "delta_cen_agent1": agent["delta_cen_agent1"],
-                                   "delta_cen_others": agent["delta_cen_others"]}}
-    return [
-        claim("Theory: MSE decays like 1/t (fitted slope of log MSE^0 vs log t)",
-              "reproduced" if all(in_band) else "not reproduced",
-              {"slopes_by_level": slopes, "fit_over_t": f"[{rate['fit_from']}, {th.rate_steps}]"},
-              f"AffPCL's slope in [{lo:g}, {hi:g}] at every level, steps c/(lambda(t+t0)), c = {th.rate_c:g}"),
-        claim("Theory: speed-up over independent learning ~ max{1/n, delta}, never worse",
-              "reproduced" if slo <= speed["slope"] <= shi and never_worse else "not reproduced",
-              {"slope": round(speed["slope"], 3), "constant": round(speed["constant"], 3),
-               "slope_in_n": _round(speed["slope_in_n"]), "slope_in_delta": _round(speed["slope_in_delta"]),
-               "max_ratio": round(max(p["ratio"] for p in speed["points"]), 3)},
-              f"log-log slope of MSE ratio vs max{{1/n, delta}} in [{slo:g}, {shi:g}] and every ratio <= 1"),
-        claim(f"Fig. 6: at ({th.agent_level:g}, {th.agent_level:g}) the centre agent gets a free ride",
-              band_verdict(centre, 0, 1 / f1.speedup),
-              {"agent1_affpcl_over_il": _ci(centre), "generic_affpcl_over_il": _ci(generic),
-               "agent1_rank_among_agents": int((agent["ratio_by_agent"] < agent["ratio_by_agent"][0]).sum()) + 1},
-              f"agent 1's MSE ratio AffPCL / independent (last 10 steps) with its 90% interval below 1/{f1.speedup:g}"),
-        claim("Fig. 6: a generic agent performs similarly to independent learning",
-              band_verdict(generic, *f1.match_band),
-              {"generic_affpcl_over_il": _ci(generic),
-               "median_agent_ratio": round(float(np.median(agent["ratio_by_agent"])), 4)},
-              f"agent {th.agent_n}'s ratio with its 90% interval inside "
-              f"[{f1.match_band[0]:.3g}, {f1.match_band[1]:.3g}]"),
-        claim("Agent-specific rate: the speed-up shrinks as delta_cen^i grows (eq. 9)",
-              _sign_verdict(agent["spearman"], agent["spearman_p"]),
-              {"spearman": round(agent["spearman"], 3), "p_value": round(agent["spearman_p"], 4),
-               "delta_cen_agent1": round(agent["delta_cen_agent1"], 3),
-               "delta_cen_others": round(agent["delta_cen_others"], 3)},
-              "positive rank correlation of per-(run, agent) MSE ratio with max{1/n, delta_cen^i}, two-sided p < 0.1 "
-              "(pairs within a run are not independent: the p-value is approximate)"),
-    ]
-
-
-def _round(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
-
-
-def _sign_verdict(rho: float, p: float) -> str:
-    if p >= 0.1:
-        return "inconclusive"
-    return "reproduced" if rho > 0 else "not reproduced"

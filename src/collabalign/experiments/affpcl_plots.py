@@ -96,3 +96,38 @@ def speedup(path: Path, result: dict) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def heatmaps(path: Path, grid: list[float], f4: dict[str, np.ndarray]) -> None:
+    """Fig. 4: improvement (%) of AffPCL over IL and over FedAvg, delta_env on y and delta_obj on x (NaN blank)."""
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    for ax, (key, title) in zip(axes, (("vs_il", "(a) vs independent"), ("vs_fedavg", "(b) vs FedAvg")), strict=True):
+        im = ax.imshow(f4[key], cmap="YlGnBu", vmin=0, vmax=100, origin="lower")
+        ticks = range(len(grid))
+        ax.set_xticks(ticks, [f"{g:g}" for g in grid], fontsize=7)
+        ax.set_yticks(ticks, [f"{g:g}" for g in grid], fontsize=7)
+        for (r, c), v in np.ndenumerate(f4[key]):
+            ax.text(c, r, "" if np.isnan(v) else f"{v:.0f}", ha="center", va="center", fontsize=6)
+        ax.set_xlabel("delta_obj")
+        ax.set_ylabel("delta_env")
+        ax.set_title(f"improvement of AffPCL (%) {title}", fontsize=9)
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def contours(path: Path, n_list: list[int], deltas: list[float], mse: np.ndarray) -> None:
+    """Fig. 5: iso-MSE contours of AffPCL (log10 MSE^0) in the (1/n, delta) plane, with the diagonal 1/n = delta."""
+    fig, ax = plt.subplots(figsize=(5, 4.2))
+    inv_n = 1 / np.array(n_list)
+    cs = ax.contour(inv_n, deltas, np.log10(mse).T, levels=8, cmap="viridis")
+    ax.clabel(cs, fontsize=7, fmt="%.1f")
+    ax.plot([0, 0.5], [0, 0.5], "k:", lw=1, label="1/n = delta")
+    ax.set_xlabel("1/n")
+    ax.set_ylabel("delta_env = delta_obj")
+    ax.set_title("AffPCL: contours of log10 MSE^0 (last 10 steps)", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -102,3 +102,10 @@ def test_same_seed_same_errors_for_every_method():
         a, b = f(system, 10, 0.01, np.random.default_rng(14)), f(system, 10, 0.01, np.random.default_rng(14))
         np.testing.assert_array_equal(a, b)
         assert not np.array_equal(a, f(system, 10, 0.01, np.random.default_rng(15)))
+
+
+def test_improvement_is_percent_reduction_and_nan_when_twice_worse():
+    from collabalign.methods.affpcl.sweeps import improvement
+
+    out = improvement(np.array([1.0, 1.0, 1.0]), np.array([0.25, 1.5, 2.5]))
+    assert out[0] == 75 and out[1] == -50 and np.isnan(out[2])

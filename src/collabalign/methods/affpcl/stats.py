@@ -5,6 +5,7 @@ high heterogeneity (spec §9 item 17)."""
 from __future__ import annotations
 
 import numpy as np
+from scipy.special import stdtr
 
 Z90 = 1.6449  # two-sided 90% normal quantile: the paper's band is mean +- 1.64 std / sqrt(runs)
 
@@ -37,6 +38,11 @@ def ratio_ci(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, stat: str =
     return float(f(a) / f(b)), float(lo), float(hi)
 
 
+def ci_dict(ci: tuple[float, float, float]) -> dict[str, float | list[float]]:
+    """A ratio and its interval, rounded for summary.json."""
+    return {"ratio": round(ci[0], 4), "ci90": [round(ci[1], 4), round(ci[2], 4)]}
+
+
 def band_verdict(ci: tuple[float, float, float], low: float, high: float) -> str:
     """'reproduced' if the interval lies inside [low, high], 'not reproduced' if it lies outside, else inconclusive."""
     _, lo, hi = ci
@@ -51,3 +57,18 @@ def loglog_slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     """Least-squares slope and intercept of log y against log x."""
     slope, intercept = np.polyfit(np.log(x), np.log(y), 1)
     return float(slope), float(intercept)
+
+
+def ranks(v: np.ndarray) -> np.ndarray:
+    """Ranks from 0, ties given their average rank."""
+    _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    return (first + (counts - 1) / 2)[inverse]
+
+
+def spearman(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
+    """Spearman rank correlation and its two-sided p-value (t approximation, as scipy.stats.spearmanr)."""
+    rho = float(np.corrcoef(ranks(a), ranks(b))[0, 1])
+    dof = a.size - 2
+    t = rho * np.sqrt(dof / max(1.0 - rho**2, 1e-300))
+    return rho, float(2 * stdtr(dof, -abs(t)))

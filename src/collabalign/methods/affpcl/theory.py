@@ -4,12 +4,11 @@ speed-up over independent learning against max{1/n, delta}, and the agent-specif
 from __future__ import annotations
 
 import numpy as np
-from scipy.special import stdtr
 
 from collabalign.methods.affpcl.algorithm import run_affpcl
 from collabalign.methods.affpcl.baselines import run_il
 from collabalign.methods.affpcl.common import theory_steps
-from collabalign.methods.affpcl.stats import last_mse, loglog_slope
+from collabalign.methods.affpcl.stats import last_mse, loglog_slope, spearman
 from collabalign.methods.affpcl.systems import GaussianSystems, heterogeneity
 from collabalign.seeding import Seeds
 
@@ -72,11 +71,3 @@ def agent_check(seeds: Seeds, n: int, level: float, steps: int, runs: int, alpha
            "ratio_by_agent": by_agent,
             "delta_cen_agent1": float(cen[:, 0].mean()), "delta_cen_others": float(cen[:, 1:].mean())}
 
-
-def spearman(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
-    """Spearman rank correlation of continuous samples (no ties) and its two-sided p-value (t approximation)."""
-    ranks = [np.argsort(np.argsort(v)).astype(float) for v in (a, b)]
-    rho = float(np.corrcoef(*ranks)[0, 1])
-    dof = a.size - 2
-    t = rho * np.sqrt(dof / max(1.0 - rho**2, 1e-300))
-    return rho, float(2 * stdtr(dof, -abs(t)))
