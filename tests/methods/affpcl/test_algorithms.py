@@ -63,10 +63,12 @@ def test_affpcl_with_one_agent_is_independent_learning():
                                run_il(system, 40, 0.01, np.random.default_rng(3)), rtol=1e-9)
 
 
-def test_affpcl_gets_fedavg_rate_in_the_homogeneous_setting():
+@pytest.mark.parametrize("central,cdl", [("coe", "22-1"), ("coe", "22-2"), ("oracle", "22-1")])
+def test_affpcl_gets_fedavg_rate_in_the_homogeneous_setting(central, cdl):
     system = GaussianSystems(np.random.default_rng(4), 8, 20)
+    affpcl = lambda *args: run_affpcl(*args, central=central, cdl=cdl)
     last = {m: last_mse(f(system, 60, 0.01, np.random.default_rng(5))).mean()
-            for m, f in (("il", run_il), ("fedavg", run_fedavg), ("affpcl", run_affpcl))}
+            for m, f in (("il", run_il), ("fedavg", run_fedavg), ("affpcl", affpcl))}
     assert 0.6 < last["affpcl"] / last["fedavg"] < 1.6
     assert last["affpcl"] / last["il"] < 0.2  # collaboration gain: ~1/n asymptotically, here n = 20
 
