@@ -2,6 +2,7 @@
 which writes metrics.jsonl, ledger.csv, summary.json (claims + metrics) and plots into the run directory."""
 
 EXPERIMENTS: dict[str, str] = {
+    "affpcl": "collabalign.experiments.affpcl",
     "fslora": "collabalign.experiments.fslora",
     "quickstart": "collabalign.experiments.quickstart",
 }
