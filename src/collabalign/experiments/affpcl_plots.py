@@ -17,6 +17,20 @@ def _band(ax: plt.Axes, t: np.ndarray, b: dict, which: str, label: str, style: s
     ax.fill_between(t, b[f"{which}_lo"], b[f"{which}_hi"], color=line.get_color(), alpha=0.15, lw=0)
 
 
+def _axes_done(ax: plt.Axes, xlabel: str, ylabel: str, legend_size: int = 8) -> None:
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=legend_size)
+
+
+def _save(fig: plt.Figure, path: Path, tight: bool = True) -> None:
+    if tight:
+        fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def fig1(path: Path, levels: list[float], curves: dict[float, dict[str, dict]], labels: dict[str, str],
          title: str) -> None:
     """Rows: mean and median MSE^0 over runs with 90% bands; columns: heterogeneity levels; AffPCL's agent 1 dashed."""
@@ -36,8 +50,7 @@ def fig1(path: Path, levels: list[float], curves: dict[float, dict[str, dict]], 
     axes[0, -1].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.06, right=0.99, top=0.9, bottom=0.08, wspace=0.25, hspace=0.35)  # tight_layout is slow
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path, tight=False)
 
 
 def fig6(path: Path, panels: dict[str, dict[str, dict]]) -> None:
@@ -48,13 +61,8 @@ def fig6(path: Path, panels: dict[str, dict[str, dict]]) -> None:
             _band(ax, np.arange(1, len(b["mean"]) + 1), b, "mean", method)
         ax.set_yscale("log")
         ax.set_title(name, fontsize=9)
-        ax.set_xlabel("# samples (t)")
-        ax.set_ylabel("MSE")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        _axes_done(ax, "# samples (t)", "MSE")
+    _save(fig, path)
 
 
 def rate(path: Path, result: dict) -> None:
@@ -68,13 +76,8 @@ def rate(path: Path, result: dict) -> None:
     ax.plot(t, ref[-1] * t[-1] / t, "k:", label="slope -1")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("t")
-    ax.set_ylabel("MSE^0")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _axes_done(ax, "t", "MSE^0", legend_size=7)
+    _save(fig, path)
 
 
 def speedup(path: Path, result: dict) -> None:
@@ -89,13 +92,8 @@ def speedup(path: Path, result: dict) -> None:
     ax.plot(x, x, "k:", label="y = x")
     ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("max{1/n, delta}")
-    ax.set_ylabel("MSE AffPCL / MSE independent")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _axes_done(ax, "max{1/n, delta}", "MSE AffPCL / MSE independent")
+    _save(fig, path)
 
 
 def heatmaps(path: Path, grid: list[float], f4: dict[str, np.ndarray]) -> None:
@@ -112,9 +110,7 @@ def heatmaps(path: Path, grid: list[float], f4: dict[str, np.ndarray]) -> None:
         ax.set_ylabel("delta_env")
         ax.set_title(f"improvement of AffPCL (%) {title}", fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
 
 
 def contours(path: Path, n_list: list[int], deltas: list[float], mse: np.ndarray) -> None:
@@ -128,6 +124,4 @@ def contours(path: Path, n_list: list[int], deltas: list[float], mse: np.ndarray
     ax.set_ylabel("delta_env = delta_obj")
     ax.set_title("AffPCL: contours of log10 MSE^0 (last 10 steps)", fontsize=9)
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _save(fig, path)
