@@ -3,5 +3,6 @@ which writes metrics.jsonl, ledger.csv, summary.json (claims + metrics) and plot
 
 EXPERIMENTS: dict[str, str] = {
     "fslora": "collabalign.experiments.fslora",
+    "pshare-lora": "collabalign.experiments.pshare_lora",
     "quickstart": "collabalign.experiments.quickstart",
 }
