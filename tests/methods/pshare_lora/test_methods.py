@@ -119,3 +119,12 @@ def test_generator_knobs():
     decayed, _, _ = generate(ProblemConfig(spectrum_decay=0.25), 0)
     assert decayed.diversity(2)["nu"] < exact.diversity(2)["nu"]
     torch.testing.assert_close(exact.basis.T @ exact.basis, torch.eye(2))  # B° orthonormal
+
+
+def test_mini_batches_cover_every_pair_once_per_epoch():
+    from collabalign.methods.pshare_lora.train import batches
+
+    stream = batches(10, 4, torch.Generator().manual_seed(0))
+    epoch = [next(stream) for _ in range(3)]
+    assert [len(b) for b in epoch] == [4, 4, 2] and sorted(torch.cat(epoch).tolist()) == list(range(10))
+    assert torch.equal(next(batches(10, 0, torch.Generator())), torch.arange(10))
