@@ -164,9 +164,10 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     notes = [table(acc, cfg.methods, diversity["oracle_accuracy"]),
              f"Truth: nu = {diversity['nu']}, Sigma_tail = {diversity['sigma_tail']}; d1 = {cfg.problem.d1}, "
              f"d2 = {cfg.problem.d2}, N = {cfg.problem.users}, k = {cfg.problem.k}, rho = {cfg.problem.rho}, "
-             f"eta = {cfg.problem.tail}, N_p = {cfg.problem.n_train}; {cfg.train.steps} full-budget steps per method.",
-             "With depth 1 the model has a single LoRA layer, so Share Rep has no layer below to freeze: it is a "
-             "global phase followed by per-user factors (both A and B) on that layer."]
+             f"eta = {cfg.problem.tail}, N_p = {cfg.problem.n_train}; {cfg.train.steps} full-budget steps per method."]
+    if cfg.problem.depth == 1 and "share_rep" in cfg.methods:
+        notes.append("With depth 1 the model has a single LoRA layer, so Share Rep has no layer below to freeze: it is "
+                     "a global phase followed by per-user factors (both A and B) on that layer.")
     plot_sweep(run_dir, curves)
     run_dir.write_metrics(records)
     run_dir.write_summary(claims, metrics, notes=notes, plot_metrics=[])
