@@ -39,8 +39,13 @@ def run_config(path: Path, overrides: list[str], out: Path | None, progress: boo
     return write_report(run.path, module.TITLE)
 
 
+def config_dir(name: str) -> Path:
+    """An experiment's config folder: its name with '-' as '_' (pshare-lora -> configs/pshare_lora)."""
+    return CONFIG_DIR / name.replace("-", "_")
+
+
 def config_path(name: str, quick: bool) -> Path:
-    return CONFIG_DIR / name / ("quick.yaml" if quick else "main.yaml")
+    return config_dir(name) / ("quick.yaml" if quick else "main.yaml")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             print(write_report(args.run_dir))
         else:
             for name in sorted(EXPERIMENTS):
-                configs = ", ".join(sorted(str(p.relative_to(CONFIG_DIR)) for p in (CONFIG_DIR / name).glob("*.yaml")))
+                configs = ", ".join(sorted(str(p.relative_to(CONFIG_DIR)) for p in config_dir(name).glob("*.yaml")))
                 print(f"{name:14s} {configs}")
     except ConfigError as err:
         print(f"error: {err}", file=sys.stderr)

@@ -4,5 +4,6 @@ which writes metrics.jsonl, ledger.csv, summary.json (claims + metrics) and plot
 EXPERIMENTS: dict[str, str] = {
     "affpcl": "collabalign.experiments.affpcl",
     "fslora": "collabalign.experiments.fslora",
+    "pshare-lora": "collabalign.experiments.pshare_lora",
     "quickstart": "collabalign.experiments.quickstart",
 }

@@ -1,0 +1,147 @@
+"""The §8.1 bilinear preference problem: r_i(u, v) = u^T Theta_i v with Theta_i = Theta_init + U* W*_i + E_i, and
+the metrics the theory speaks about (held-out accuracy per user, parameter error, subspace distance)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from collabalign.config import Strict
+from collabalign.lora import inject_lora, routed
+from collabalign.methods.pshare_lora.train import Prefs
+from collabalign.seeding import Seeds
+
+
+class ProblemConfig(Strict):
+    d1: int = 32
+    d2: int = 8
+    users: int = 10
+    k: int = 2  # rank of the shared part of the truth (and the LoRA rank)
+    signal: float = 0.5  # s: ||Delta Theta*_i||_F ~ 2 at the defaults, oracle accuracy ~ 0.79
+    rho: float = 0.6  # agreement: 0 independent users, 1 one global reward
+    tail: float = 0.0  # eta: individual full-rank deviations (Sigma_tail > 0)
+    spectrum_decay: float = 1.0  # row j of every W*_i scaled by decay^j: smaller nu as it falls
+    init_scale: float = 0.0  # Theta_init = init_scale * G / sqrt(d1), known to every method
+    n_train: int = 100  # N_p, pairs per user
+    n_test: int = 2000
+    depth: int = 1  # LoRA layers in the model: depth - 1 identity-initialised v-side maps below Theta
+
+
+@dataclass
+class Truth:
+    """Theta_init (d1, d2), the true updates Delta Theta*_i (N, d1, d2) and B° (d1, k), the top-k left singular
+    vectors of [Delta Theta*_1 .. Delta Theta*_N]."""
+
+    theta_init: Tensor
+    delta: Tensor
+    basis: Tensor
+
+    def diversity(self, k: int) -> dict[str, float]:
+        """nu = sigma_k^2 / N, Sigma_tail and the per-user bias b_i (mean and max), Def. 4.1."""
+        n = self.delta.shape[0]
+        agg = torch.cat(list(self.delta), dim=1).double()
+        u, s, vh = torch.linalg.svd(agg, full_matrices=False)
+        best = (u[:, :k] * s[:k]) @ vh[:k]
+        bias = (agg - best).reshape(agg.shape[0], n, -1).square().sum(dim=(0, 2))
+        return {"nu": float(s[k - 1] ** 2 / n), "sigma_tail": float(s[k:].square().sum()),
+                "bias_mean": float(bias.mean()), "bias_max": float(bias.max())}
+
+
+def generate(cfg: ProblemConfig, seed: int) -> tuple[Truth, Prefs, Prefs]:
+    """Ground truth and per-user train / test pairs (labels drawn from the BTL model of each user)."""
+    g = Seeds(seed).torch("pshare-synthetic")
+    n, k, d1, d2, s = cfg.users, cfg.k, cfg.d1, cfg.d2, cfg.signal
+    basis_true = torch.linalg.qr(torch.randn(d1, k, generator=g))[0]
+    mean = torch.randn(k, d2, generator=g)
+    w = s * (cfg.rho ** 0.5 * mean + (1 - cfg.rho) ** 0.5 * torch.randn(n, k, d2, generator=g))
+    w = w * (cfg.spectrum_decay ** torch.arange(k, dtype=w.dtype)).view(1, k, 1)
+    delta = basis_true @ w + cfg.tail * s * torch.randn(n, d1, d2, generator=g) / d1 ** 0.5
+    theta_init = cfg.init_scale * torch.randn(d1, d2, generator=g) / d1 ** 0.5
+    u, _, _ = torch.linalg.svd(torch.cat(list(delta), dim=1), full_matrices=False)
+    truth = Truth(theta_init, delta, u[:, :k])
+    return truth, pairs(truth, cfg.n_train, g), pairs(truth, cfg.n_test, g)
+
+
+def pairs(truth: Truth, per_user: int, g: torch.Generator) -> Prefs:
+    """`per_user` pairs for each user, tau = (u, v) Gaussian, o ~ Bernoulli(sigmoid(r*(tau0) - r*(tau1)))."""
+    n, d1, d2 = truth.delta.shape
+    users = torch.arange(n).repeat_interleave(per_user)
+    x0, x1 = torch.randn(2, len(users), d1 + d2, generator=g)
+    theta = truth.theta_init + truth.delta
+    diff = true_reward(theta, users, x0) - true_reward(theta, users, x1)
+    o = torch.rand(len(users), generator=g) < torch.sigmoid(diff)
+    return Prefs(users, torch.where(o[:, None], x0, x1), torch.where(o[:, None], x1, x0))
+
+
+def true_reward(theta: Tensor, users: Tensor, x: Tensor) -> Tensor:
+    """u^T Theta_user v for rows x = [u, v]."""
+    d1 = theta.shape[1]
+    return torch.einsum("nd,nde,ne->n", x[:, :d1], theta[users], x[:, d1:])
+
+
+class BilinearNet(nn.Module):
+    """r(u, v) = u . f(v) with f a stack of linear maps (identity below, Theta_init on top): LoRA on every map.
+
+    f is linear, so each user's effective Theta is read off by passing the identity (see `effective_delta`)."""
+
+    def __init__(self, theta_init: Tensor, depth: int = 1):
+        super().__init__()
+        d1, d2 = theta_init.shape
+        maps = []
+        for _ in range(depth - 1):
+            m = nn.Linear(d2, d2, bias=False)
+            m.weight.data = torch.eye(d2)
+            maps.append(m)
+        top = nn.Linear(d2, d1, bias=False)
+        top.weight.data = theta_init.clone()
+        self.f = nn.Sequential(*maps, top)
+        self.d1 = d1
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x[:, :self.d1] * self.f(x[:, self.d1:])).sum(-1)
+
+
+def model_for(truth: Truth, rank: int, depth: int = 1) -> BilinearNet:
+    """The bilinear reward model with LoRA (rank `rank`, scale 1) on every map, base weights frozen."""
+    net = BilinearNet(truth.theta_init, depth)
+    inject_lora(net, [r"f\.\d+"], rank, alpha=rank)
+    return net
+
+
+@torch.no_grad()
+def effective_delta(net: BilinearNet, n_users: int) -> Tensor:
+    """Each user's learned Theta_i - Theta_init, (N, d1, d2), from one routed pass of the identity basis."""
+    d2 = net.f[0].base.in_features
+    eye = torch.eye(d2).repeat(n_users, 1)
+    users = torch.arange(n_users).repeat_interleave(d2)
+    with routed(net, users):
+        y = net.f(eye)  # (N d2, d1): row j of user i is Theta_i e_j
+    base = net.f[-1].base.weight
+    return y.reshape(n_users, d2, -1).transpose(1, 2) - base
+
+
+@torch.no_grad()
+def evaluate(net: BilinearNet, truth: Truth, test: Prefs) -> dict:
+    """Held-out accuracy per user (ties 0.5) and mean, agreement with the true sign, parameter error
+    (1/N) sum ||Delta^_i - Delta*_i||_F^2, reward-difference MSE and dist(B^, B°) (Def. A.1)."""
+    n, k = truth.delta.shape[0], truth.basis.shape[1]
+    users = torch.cat([test.users, test.users])
+    with routed(net, users):
+        r = net(torch.cat([test.chosen, test.rejected]))
+    m = len(test)
+    diff = r[:m] - r[m:]
+    theta = truth.theta_init + truth.delta
+    true_diff = true_reward(theta, test.users, test.chosen) - true_reward(theta, test.users, test.rejected)
+    right = (diff > 0).double() + 0.5 * (diff == 0).double()
+    per_user = torch.bincount(test.users, right, n) / torch.bincount(test.users, minlength=n)
+    oracle = torch.bincount(test.users, (true_diff > 0).double(), n) / torch.bincount(test.users, minlength=n)
+    delta = effective_delta(net, n)
+    u = torch.linalg.svd(torch.cat(list(delta), dim=1).double(), full_matrices=False)[0][:, :k]
+    overlap = (u.T @ truth.basis.double()).square().sum()
+    return {"accuracy": float(per_user.mean()), "accuracy_per_user": [round(float(a), 4) for a in per_user],
+            "sign_agreement": float(((diff > 0) == (true_diff > 0)).double().mean()),
+            "param_error": float((delta - truth.delta).square().sum(dim=(1, 2)).mean()),
+            "reward_diff_mse": float((diff - true_diff).square().mean()),
+            "subspace_dist": float((k - overlap).clamp_min(0).sqrt()), "oracle_accuracy": float(oracle.mean())}

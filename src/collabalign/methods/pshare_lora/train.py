@@ -1,0 +1,140 @@
+"""The methods as phase schedules over any reward model with LoRA layers, and one Bradley–Terry training loop.
+
+A phase fixes, per LoRA layer (bottom to top), which factors are shared / per-user / frozen, its step count and
+its learning-rate range. Every step is one forward pass over a batch that mixes users: each sample is routed to
+its user's factors by `LoRALinear` (spec §9.6), so no Python loop over users runs in training.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from collabalign.lora.inject import lora_layers, routed
+from collabalign.methods.pshare_lora.sharing import Mode, configure, project_, set_identity_down
+from collabalign.models.reward import bt_loss
+
+METHODS = ("global", "local", "share_rep", "pshare_si", "pshare_g", "pshare_wu", "share_a", "full")
+LABELS = {"global": "LoRA-global", "local": "LoRA-local", "share_rep": "Share Rep", "pshare_si": "P-ShareLoRA (SI)",
+          "pshare_g": "P-ShareLoRA (G)", "pshare_wu": "P-ShareLoRA (WU)", "share_a": "share-A ablation",
+          "full": "full per-user matrices"}
+GLOBAL: tuple[Mode, Mode] = ("shared", "shared")
+
+
+@dataclass
+class Prefs:
+    """n preference pairs: the user of each pair and the chosen / rejected inputs (rows aligned)."""
+
+    users: Tensor
+    chosen: Tensor
+    rejected: Tensor
+
+    def __len__(self) -> int:
+        return len(self.users)
+
+    def __getitem__(self, idx: Tensor) -> Prefs:
+        return Prefs(self.users[idx], self.chosen[idx], self.rejected[idx])
+
+
+@dataclass(frozen=True)
+class Phase:
+    """`steps` optimiser steps at a learning rate going linearly from lr[0] to lr[1], with per-layer factor modes."""
+
+    steps: int
+    lr: tuple[float, float]
+    modes: tuple[tuple[Mode, Mode], ...]
+
+
+def schedule(method: str, n_layers: int, steps: int, lr: float, linear: bool = False, global_fraction: float = 2 / 3,
+             warmup_fraction: float = 0.1, shared_fraction: float = 0.7) -> list[Phase]:
+    """The phases of `method` for `steps` steps in total (spec §3.3–3.6: every method gets the same budget).
+
+    G: global for `global_fraction` of the steps, then P-ShareLoRA at lr/3 (spec §3.3). WU: global for
+    `warmup_fraction`, then P-ShareLoRA continuing the same schedule. Share Rep: a global (shared) phase as long as
+    G's, then the bottom floor(shared_fraction * L) layers frozen and the top layers per-user, at lr/3 like G.
+    `linear`: the rate decays to 0 over the whole budget (the paper's schedule), else it is constant.
+    """
+    def rate(t: int) -> float:
+        return lr * (1 - t / steps) if linear else lr
+
+    def phase(t0: int, t1: int, modes: tuple[Mode, Mode] | list[tuple[Mode, Mode]],
+              start: float | None = None) -> Phase:
+        per_layer = tuple(modes) if isinstance(modes, list) else (modes,) * n_layers
+        first = rate(t0) if start is None else start
+        return Phase(t1 - t0, (first, rate(t1) if linear else first), per_layer)
+
+    personal = {"global": GLOBAL, "local": ("user", "user"), "pshare_si": ("user", "shared"),
+                "share_a": ("shared", "user"), "full": ("frozen", "user")}
+    if method in personal:
+        return [phase(0, steps, personal[method])]
+    if method == "pshare_wu":
+        t = round(warmup_fraction * steps)
+        return [phase(0, t, GLOBAL), phase(t, steps, ("user", "shared"))]
+    t = round(global_fraction * steps)
+    if method == "pshare_g":
+        return [phase(0, t, GLOBAL), phase(t, steps, ("user", "shared"), start=lr / 3)]
+    if method == "share_rep":
+        bottom = math.floor(shared_fraction * n_layers)
+        modes = [("frozen", "frozen")] * bottom + [("user", "user")] * (n_layers - bottom)
+        return [phase(0, t, GLOBAL), phase(t, steps, modes, start=lr / 3)]
+    raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+
+
+def prepare(model: nn.Module, method: str, n_users: int, generator: torch.Generator) -> None:
+    """Initial factors (spec §3.3–3.5, §9.4): every method starts from one kaiming draw of A and B = 0, copied to
+    every user when personal (SI: identical users); LoRA-local draws each user's A independently; full: A = I."""
+    for layer in lora_layers(model).values():
+        layer.reset_parameters(generator)
+        if method == "local":
+            configure(layer, "user", "user", n_users)
+            layer.reset_parameters(generator)
+        elif method == "full":
+            set_identity_down(layer)
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
+    """Endless mini-batch indices, a fresh permutation per epoch; batch_size 0 means the full data every step."""
+    while True:
+        if batch_size <= 0:
+            yield torch.arange(n)
+            continue
+        perm = torch.randperm(n, generator=generator)
+        yield from (perm[i:i + batch_size] for i in range(0, n, batch_size))
+
+
+def pair_loss(model: nn.Module, batch: Prefs) -> Tensor:
+    """Bradley–Terry loss of a mixed-user batch: chosen and rejected rows in ONE routed forward pass."""
+    users = torch.cat([batch.users, batch.users])
+    with routed(model, users):
+        r = model(torch.cat([batch.chosen, batch.rejected]))
+    n = len(batch)
+    return bt_loss(r[:n], r[n:])
+
+
+def train(model: nn.Module, data: Prefs, phases: list[Phase], n_users: int, batch_size: int,
+          generator: torch.Generator, max_norm: float | None = None) -> list[float]:
+    """Runs the phases with Adam (a fresh optimiser per phase, as the factors change shape); returns the losses."""
+    layers = list(lora_layers(model).values())
+    stream = batches(len(data), batch_size, generator)
+    losses = []
+    for phase in phases:
+        for layer, (a, b) in zip(layers, phase.modes, strict=True):
+            configure(layer, a, b, n_users)
+        params = [p for p in model.parameters() if p.requires_grad]
+        opt = torch.optim.Adam(params, lr=phase.lr[0])
+        for t in range(phase.steps):
+            for group in opt.param_groups:
+                group["lr"] = phase.lr[0] + (phase.lr[1] - phase.lr[0]) * t / phase.steps
+            loss = pair_loss(model, data[next(stream)])
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            if max_norm is not None:
+                for layer in layers:
+                    project_(layer, max_norm)
+            losses.append(float(loss.detach()))
+    return losses
