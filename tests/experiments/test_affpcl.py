@@ -4,9 +4,11 @@ import json
 
 import pytest
 
-from collabalign.cli import config_path, main
+from collabalign.cli import config_path
 from collabalign.config import read_yaml, validate
 from collabalign.experiments.affpcl import Config
+
+from .toy import run_twice
 
 TOY = ["fig1.runs=4", "fig1.steps=20", "fig1.n=6", "fig1.sets={main_text: [0.0, 0.8], appendix_b: [0.0, 0.5]}",
        "theory.rate_levels=[0.0]", "theory.rate_steps=60", "theory.rate_runs=2", "theory.speedup_n_list=[2, 6]",
@@ -18,10 +20,7 @@ TOY = ["fig1.runs=4", "fig1.steps=20", "fig1.n=6", "fig1.sets={main_text: [0.0, 
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
-    outs = [tmp_path_factory.mktemp("affpcl") for _ in range(2)]
-    for out in outs:
-        assert main(["run", str(config_path("affpcl", quick=True)), *TOY, "--out", str(out)]) == 0
-    return outs
+    return run_twice(tmp_path_factory, "affpcl", TOY)
 
 
 def test_every_claim_is_reported_with_a_verdict_and_plots_are_written(toy_runs):

@@ -6,6 +6,8 @@ import pytest
 
 from collabalign.cli import CONFIG_DIR, config_path, main
 
+from .toy import run_twice
+
 TOY = ["seeds=[0]", "synthetic.n_train=200", "synthetic.n_test=200", "federation.devices=5", "federation.min_size=4",
        "federation.rounds=2", "federation.steps=2", "federation.eval_every=1", "ablations.budget_ranks=[8]",
        "ablations.ratio_grid=[0.5, 1.0]", "ablations.rank_grid=[4, 8]", "ablations.top_k_rounds=1",
@@ -15,10 +17,7 @@ TOY = ["seeds=[0]", "synthetic.n_train=200", "synthetic.n_test=200", "federation
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
-    outs = [tmp_path_factory.mktemp("fslora") for _ in range(2)]
-    for out in outs:
-        assert main(["run", str(config_path("fslora", quick=True)), *TOY, "--out", str(out)]) == 0
-    return outs
+    return run_twice(tmp_path_factory, "fslora", TOY)
 
 
 def test_every_claim_is_reported_with_a_verdict(toy_runs):

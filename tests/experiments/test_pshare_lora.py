@@ -4,7 +4,9 @@ import json
 
 import pytest
 
-from collabalign.cli import config_path, main
+from collabalign.cli import config_path
+
+from .toy import run_twice
 
 TOY = ["seeds=[0, 1]", "problem.users=4", "problem.n_train=30", "problem.n_test=100", "train.steps=20",
        "sweep.n_train=[15, 30, 60]", "sweep.methods=[global, pshare_si]", "--no-progress"]
@@ -12,10 +14,7 @@ TOY = ["seeds=[0, 1]", "problem.users=4", "problem.n_train=30", "problem.n_test=
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
-    outs = [tmp_path_factory.mktemp("pshare") for _ in range(2)]
-    for out in outs:
-        assert main(["run", str(config_path("pshare-lora", quick=True)), *TOY, "--out", str(out)]) == 0
-    return outs
+    return run_twice(tmp_path_factory, "pshare-lora", TOY)
 
 
 def test_quick_config_is_found_by_the_experiment_name():
