@@ -8,7 +8,7 @@ import numpy as np
 
 from collabalign.config import Strict
 from collabalign.experiments import affpcl_plots as plots
-from collabalign.methods.affpcl.digits import DIGITS_METHODS, DigitFeatures, DigitsUsers, run_digits
+from collabalign.methods.affpcl.digits import DIGITS_METHODS, DigitsUsers, digit_features, run_digits
 from collabalign.methods.affpcl.stats import band_verdict, bands, ci_dict, ratio_ci
 from collabalign.runs import RunDir, claim
 from collabalign.seeding import Seeds
@@ -37,7 +37,7 @@ class DigitsConfig(Strict):
 def digits_claims(cfg: DigitsConfig, seeds: Seeds, metrics: dict, run_dir: RunDir, rng: np.random.Generator,
                   progress: bool = True) -> tuple[list[dict], list[dict]]:
     """Claims and per-evaluation records of Fig. 2 at every batch size and delta_obj level."""
-    feats = DigitFeatures(seeds.entropy("digits/features") % 2**31)
+    feats = digit_features(seeds.entropy("digits/features") % 2**31)
     claims, records, final = [], [], {}
     for batch in cfg.batches:
         curves, last = {}, {}

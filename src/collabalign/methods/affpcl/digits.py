@@ -17,6 +17,7 @@ exactly from per-class test moments.
 from __future__ import annotations
 
 import warnings
+from functools import lru_cache
 
 import numpy as np
 
@@ -49,7 +50,7 @@ class DigitFeatures:
         phi /= np.linalg.norm(phi, axis=1).max()
         n_test = int(test_share * len(rest))
         self.phi, self.labels = phi[n_test:], y[rest][n_test:]
-        test_phi, test_labels = phi[:n_test], y[rest][:n_test]
+        self.test_phi, self.test_labels = test_phi, test_labels = phi[:n_test], y[rest][:n_test]
         self.d = phi.shape[1]
         self.by_class = [np.flatnonzero(self.labels == c) for c in range(10)]
         self.class_size = np.array([len(c) for c in self.by_class])
@@ -60,6 +61,12 @@ class DigitFeatures:
         self.test_second = np.stack([np.einsum("kd,ke->de", test_phi[test_labels == c], test_phi[test_labels == c])
                                      / max((test_labels == c).sum(), 1) for c in range(10)])
         self.test_first = np.stack([test_phi[test_labels == c].mean(0) for c in range(10)])
+
+
+@lru_cache(maxsize=4)
+def digit_features(seed: int) -> DigitFeatures:
+    """DigitFeatures(seed), built once per process (pre-training is deterministic in the seed; treat as read-only)."""
+    return DigitFeatures(seed)
 
 
 class DigitsUsers:
