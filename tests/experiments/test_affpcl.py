@@ -2,11 +2,16 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from collabalign.cli import config_path
 from collabalign.config import read_yaml, validate
 from collabalign.experiments.affpcl import Config
+from collabalign.experiments.affpcl_digits import digits_claims
+from collabalign.methods.affpcl.digits import DIGITS_METHODS
+from collabalign.runs import RunDir
+from collabalign.seeding import Seeds
 
 from .toy import run_twice
 
@@ -15,6 +20,8 @@ TOY = ["fig1.runs=4", "fig1.steps=20", "fig1.n=6", "fig1.sets={main_text: [0.0, 
        "theory.speedup_deltas=[0.2, 0.5]", "theory.speedup_n=6", "theory.speedup_steps=60", "theory.speedup_runs=2",
        "theory.agent_n=6", "theory.agent_steps=20", "theory.agent_runs=4", "sweeps.runs=2", "sweeps.n=6",
        "sweeps.steps=20", "sweeps.fig4_grid=[0.0, 0.5]", "sweeps.fig5_n=[2, 6]", "sweeps.fig5_deltas=[0.5, 0.1]",
+       "digits.n=4", "digits.runs=2", "digits.steps=20", "digits.eval_every=5", "digits.window=2",
+       "digits.levels=[0.0, 1.0]", "rl.n=4", "rl.td_runs=2", "rl.td_steps=60", "rl.sarsa_runs=2", "rl.sarsa_steps=60",
        "--no-progress"]
 
 
@@ -26,14 +33,17 @@ def toy_runs(tmp_path_factory):
 def test_every_claim_is_reported_with_a_verdict_and_plots_are_written(toy_runs):
     summary = json.loads((toy_runs[0] / "summary.json").read_text())
     names = [c["name"] for c in summary["claims"]]
-    assert len(names) == 18 and names[0] == "AffPCL matches FedAvg in the homogeneous setting"
+    assert len(names) == 31 and names[0] == "AffPCL matches FedAvg in the homogeneous setting"
     assert sum(n.startswith("[appendix_b]") for n in names) == 4
+    assert sum(n.startswith("[Fig. 2, batch") for n in names) == 8 and sum("[Fig. 3" in n for n in names) == 5
+    assert set(summary["metrics"]["fig3_rl"]["sarsa"]["1"]) == {"il", "fedavg", "affpcl", "affpcl_dre"}
     assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
     assert set(summary["metrics"]["fig1_last10_mse0"]) == {"0", "0.5", "0.8"}
     assert "slope" in summary["metrics"]["theory"]["speedup"]
     assert len(summary["metrics"]["fig4"]["improvement_vs_il"]) == 2 and "r2_log_mse" in summary["metrics"]["fig5"]
     for plot in ("fig1_main_text", "fig1_appendix_b", "fig6_agents", "theory_rate", "theory_speedup",
-                 "fig4_improvement", "fig5_contours"):
+                 "fig4_improvement", "fig5_contours", "fig2_digits_batch32", "fig2_digits_batch1", "fig3_td",
+                 "fig3_sarsa"):
         assert (toy_runs[0] / "plots" / f"{plot}.png").stat().st_size > 1000
     assert "| AffPCL matches FedAvg in the homogeneous setting |" in (toy_runs[0] / "report.md").read_text()
     communication = next(c for c in summary["claims"] if c["name"].startswith("Remark 1"))
@@ -45,7 +55,7 @@ def test_every_claim_is_reported_with_a_verdict_and_plots_are_written(toy_runs):
 
 def test_records_hold_mean_and_median_curves_per_method(toy_runs):
     records = [json.loads(x) for x in (toy_runs[0] / "metrics.jsonl").read_text().splitlines()]
-    methods = {r["method"] for r in records}
+    methods = {r["method"] for r in records if r["figure"] == "fig1"}
     assert methods == {"il", "fedavg", "affpcl", "finetune", "pfedme", "ditto", "ifca", "affpcl_agent1"}
     affpcl = [r for r in records if r["method"] == "affpcl" and r["level"] == 0.8]
     assert [r["round"] for r in affpcl] == list(range(1, 21))
@@ -64,3 +74,20 @@ def test_configs_validate(name):
     assert data.pop("experiment") == "affpcl"
     cfg = validate(Config, data)
     assert cfg.fig1.sets["main_text"] == [0.0, 0.05, 0.3, 0.8] and cfg.fig1.sets["appendix_b"] == [0.0, 0.05, 0.2, 0.5]
+
+
+def test_digits_figure_runs_on_the_quick_config(tmp_path):
+    """Fig. 2 (digits substitute) exactly as the quick config sets it: every claim, plot and evaluation record."""
+    data = read_yaml(config_path("affpcl", quick=True))
+    data.pop("experiment")
+    cfg = validate(Config, data).digits
+    metrics = {}
+    claims, records = digits_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
+    assert len(claims) == 4 * len(cfg.batches) and {c["verdict"] for c in claims} <= {
+        "reproduced", "not reproduced", "inconclusive"}
+    assert len(records) == len(cfg.batches) * len(cfg.levels) * len(DIGITS_METHODS) * (cfg.steps // cfg.eval_every)
+    assert metrics["fig2_digits"]["pretrain_accuracy"] > 0.85
+    final = metrics["fig2_digits"]["final_test_mse"][str(cfg.batches[0])]
+    assert all(0 < v["mean"] < 1 for by in final.values() for v in by.values())
+    for batch in cfg.batches:
+        assert (tmp_path / "plots" / f"fig2_digits_batch{batch}.png").stat().st_size > 1000

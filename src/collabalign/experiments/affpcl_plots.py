@@ -32,21 +32,22 @@ def _save(fig: plt.Figure, path: Path, tight: bool = True) -> None:
 
 
 def fig1(path: Path, levels: list[float], curves: dict[float, dict[str, dict]], labels: dict[str, str],
-         title: str) -> None:
-    """Rows: mean and median MSE^0 over runs with 90% bands; columns: heterogeneity levels; AffPCL's agent 1 dashed."""
+         title: str, every: int = 1, ylabel: str = "MSE^0", level_name: str = "delta_env = delta_obj") -> None:
+    """Rows: mean and median MSE^0 over runs with 90% bands; columns: heterogeneity levels; AffPCL's agent 1 dashed.
+    Curves hold one point per `every` steps (Fig. 2 evaluates test MSE every few steps)."""
     fig, axes = plt.subplots(2, len(levels), figsize=(3.6 * len(levels), 6.4), squeeze=False)
     for col, level in enumerate(levels):
         for row, which in enumerate(("mean", "median")):
             ax = axes[row, col]
             for method, b in curves[level].items():
-                t = np.arange(1, len(b["mean"]) + 1)
+                t = every * np.arange(1, len(b["mean"]) + 1)
                 _band(ax, t, b, which, labels[method], "--" if method == "affpcl_agent1" else "-")
             ax.set_yscale("log")
-            ax.set_title(f"{which}, delta_env = delta_obj = {level:g}", fontsize=9)
+            ax.set_title(f"{which}, {level_name} = {level:g}", fontsize=9)
             ax.set_xlabel("# samples (t)")
             ax.grid(alpha=0.3)
     for row in axes[:, 0]:
-        row.set_ylabel("MSE^0")
+        row.set_ylabel(ylabel)
     axes[0, -1].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.06, right=0.99, top=0.9, bottom=0.08, wspace=0.25, hspace=0.35)  # tight_layout is slow
