@@ -1,7 +1,8 @@
 """AffPCL reproduction (spec ../shared/specs/affpcl.md §8.2): Fig. 1 on the Gaussian linear systems at both
 heterogeneity sets the paper states (main text and App. B), the agent-specific Fig. 6, and theory checks of §7:
 the MSE rate in t, the speed-up max{1/n, delta} over independent learning, and the free ride of the centre agent;
-Fig. 2 on the digits substitute for FEMNIST (affpcl_digits.py) and Fig. 3's RL panels (affpcl_rl.py).
+Fig. 2 on the digits substitute for FEMNIST (affpcl_digits.py), Fig. 3's RL panels (affpcl_rl.py) and personalised
+reward models from preference data (§8.3, affpcl_reward.py).
 
 Every comparison is paired by run (methods share each run's instance, with their own sample noise, §9 item 21) and
 decided by a paired bootstrap 90% interval over runs; medians are judged beside means (§9 item 17)."""
@@ -14,6 +15,7 @@ from collabalign.config import Strict
 from collabalign.experiments import affpcl_plots as plots
 from collabalign.experiments.affpcl_checks import SweepConfig, TheoryConfig, sweep_claims, theory_claims
 from collabalign.experiments.affpcl_digits import DigitsConfig, digits_claims, digits_note
+from collabalign.experiments.affpcl_reward import RewardConfig, reward_claims, reward_note, reward_table
 from collabalign.experiments.affpcl_rl import RLConfig, rl_claims, rl_note
 from collabalign.federation import simulate
 from collabalign.methods.affpcl import METHODS, GaussianSystems, heterogeneity, run_affpcl
@@ -52,6 +54,7 @@ class Config(Strict):
     sweeps: SweepConfig = SweepConfig()
     digits: DigitsConfig = DigitsConfig()
     rl: RLConfig = RLConfig()
+    reward: RewardConfig = RewardConfig()
 
 
 def run_level(cfg: Fig1Config, seeds: Seeds, level: float) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -101,6 +104,10 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
         more_claims, more_records = rl_claims(cfg.rl, seeds, metrics, run_dir, rng, progress)
         claims += more_claims
         records += more_records
+    if cfg.reward.run:
+        more_claims, more_records = reward_claims(cfg.reward, seeds, metrics, run_dir, rng, progress)
+        claims += more_claims
+        records += more_records
     run_dir.write_metrics(records)
     notes = [f"Gaussian linear systems of §5.1 (n = {f1.n}, d = {f1.d}, eps_A = 1, eps_b = 0.5, theta_base unit "
              f"norm), exact closed-form references, a fresh instance per run; constant step {f1.alpha}, T = "
@@ -112,6 +119,8 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
         notes.append(digits_note(cfg.digits))
     if cfg.rl.run:
         notes.append(rl_note(cfg.rl))
+    if cfg.reward.run:
+        notes += [reward_note(cfg.reward), *reward_table(cfg.reward, metrics["reward_models"]["accuracy"])]
     run_dir.write_summary(claims, metrics, notes=notes, plot_metrics=[])
 
 

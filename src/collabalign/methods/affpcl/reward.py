@@ -156,7 +156,7 @@ def plugin_ratio(p: np.ndarray) -> np.ndarray:
 
 def run_reward(method: str, variant: str, users: Annotators, steps: int, alpha: float, batch: int,
                rng: np.random.Generator, eval_every: int = 10, reg: float = 0.15, ridge: float = 0.0,
-               weights: Weights = "plugin", central: Literal["coe", "oracle"] = "coe", coe_alpha: float = 0.05,
+               weights: Weights = "exact", central: Literal["coe", "oracle"] = "coe", coe_alpha: float = 0.05,
                pretrain_ratio: float = 0.5, draws: tuple[np.ndarray, np.ndarray] | None = None
                ) -> tuple[np.ndarray, np.ndarray]:
     """Held-out accuracies (E, R, n) after every eval_every-th step and the final models (R, n, d) of one method.

@@ -1,0 +1,178 @@
+"""AffPCL personalised reward models (spec §8.3): vectorised R1 / R3 equal per-annotator loops, the plug-in density
+ratio, the reward section on a tiny config and the text attributes of HH pairs."""
+
+import numpy as np
+import pytest
+from scipy.special import expit
+
+from collabalign.data import shared_data_dir
+from collabalign.experiments.affpcl_reward import RewardConfig, reward_claims, reward_table
+from collabalign.methods.affpcl.reward import (
+    Annotators,
+    label_prob,
+    plugin_ratio,
+    run_reward,
+    synthetic_pool,
+)
+from collabalign.methods.affpcl.reward_data import APOLOGY_WORDS, last_human_turn, pair_attributes
+from collabalign.runs import RunDir
+from collabalign.seeding import Seeds
+
+LAM = np.array([2.0, -1.0, 1.0]) / np.sqrt(6)
+
+
+def small(runs=2, n=3, delta=0.5, d=4):
+    pool = synthetic_pool(np.random.default_rng(0), 60, d, 3)
+    return Annotators(pool, np.random.default_rng(1), runs, n, delta, LAM, 3.0)
+
+
+def reference(method, variant, users, draws, alpha, steps, reg=0.15, coe_alpha=0.05, weights="exact"):
+    """Per-run, per-annotator scalar loops of IL, FedAvg, Ditto and AffPCL (one sample per step); final models."""
+    pos, u = draws
+    out = np.zeros((users.runs, users.n, users.d))
+    for r in range(users.runs):
+        x, xc = np.zeros((users.n, users.d)), np.zeros(users.d)
+        theta = np.zeros(3)
+        for t in range(steps):
+            items = [users.train_idx[r, pos[t, r, i, 0]] for i in range(users.n)]
+            z = [users.pool.z[k] for k in items]
+            a = [users.pool.attrs[k] for k in items]
+            lab = [float(u[t, r, i, 0] < users.prob[r, i, items[i]]) for i in range(users.n)]
+
+            def res(w, i, z=z, r=r, items=items, lab=lab):
+                p = z[i] @ w
+                if variant == "r1":
+                    return p - users.margin[r, i, items[i]]
+                return (expit(p) - lab[i]) if variant == "r2" else p - (2 * lab[i] - 1)
+
+            g_c = np.mean([res(xc, j) * z[j] for j in range(users.n)], axis=0)
+            new = x.copy()
+            for i in range(users.n):
+                gi = res(x[i], i) * z[i]
+                if method == "il":
+                    new[i] = x[i] - alpha * gi
+                elif method == "ditto":
+                    new[i] = x[i] - alpha * (gi + reg * (x[i] - (xc - alpha * g_c)))
+                elif method == "affpcl":
+                    if variant == "r1":
+                        cj = [z[j] * (z[j] @ xc - a[j] @ theta) for j in range(users.n)]
+                        server = np.mean(cj, axis=0)
+                    else:
+                        cj = [res(xc, j) * z[j] for j in range(users.n)]
+                        if weights == "exact":
+                            pk = [[users.prob[r, k, items[j]] if lab[j] else 1 - users.prob[r, k, items[j]]
+                                   for k in range(users.n)] for j in range(users.n)]
+                        else:
+                            pk = [[label_prob(variant, x[None, k: k + 1], z[j][None, None, None], np.array(
+                                [[lab[j]]]))[0, 0, 0, 0] for k in range(users.n)] for j in range(users.n)]
+                        server = np.mean([pk[j][i] / np.mean(pk[j]) * cj[j] for j in range(users.n)], axis=0)
+                    new[i] = x[i] - alpha * (gi + server - cj[i])
+            if method == "affpcl" and variant == "r1":
+                theta = theta - coe_alpha * np.mean([(a[j] @ theta - users.margin[r, j, items[j]]) * a[j]
+                                                     for j in range(users.n)], axis=0)
+            xc = xc - alpha * g_c
+            x = np.tile(xc, (users.n, 1)) if method == "fedavg" else new
+        out[r] = x
+    return out
+
+
+@pytest.mark.parametrize("variant", ["r1", "r3", "r2"])
+@pytest.mark.parametrize("method", ["il", "fedavg", "ditto", "affpcl"])
+def test_vectorised_equals_per_annotator_loop(variant, method):
+    users, steps = small(), 15
+    draws = users.draw(steps, 1, np.random.default_rng(5))
+    _, w = run_reward(method, variant, users, steps, 0.8, 1, None, eval_every=5, draws=draws)
+    np.testing.assert_allclose(w, reference(method, variant, users, draws, 0.8, steps), rtol=1e-10, atol=1e-12)
+
+
+def test_affpcl_with_plugin_weights_from_separate_models_equals_loop_for_r3():
+    users, steps = small(n=4, delta=1.0), 12
+    draws = users.draw(steps, 1, np.random.default_rng(6))
+    _, w = run_reward("affpcl", "r3", users, steps, 0.8, 1, None, eval_every=4, weights="plugin", draws=draws)
+    np.testing.assert_allclose(w, reference("affpcl", "r3", users, draws, 0.8, steps, weights="plugin"),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_plugin_ratio_is_bounded_by_n_and_one_when_annotators_agree():
+    rng = np.random.default_rng(0)
+    runs, n, b, d = 3, 7, 5, 4
+    z, label = rng.standard_normal((runs, n, b, d)), rng.integers(2, size=(runs, n, b)).astype(float)
+    w = 3 * rng.standard_normal((runs, n, d))
+    rho = plugin_ratio(label_prob("r2", w, z, label))
+    assert rho.shape == (runs, n, n, b) and (rho > 0).all() and (rho <= n + 1e-12).all()
+    np.testing.assert_allclose(rho.mean(1), 1.0)  # the annotator average of rho^i(s) is 1
+    same = np.broadcast_to(w[:, :1], w.shape)
+    np.testing.assert_allclose(plugin_ratio(label_prob("r2", same, z, label)), 1.0)
+    extreme = np.zeros((1, n, 1, 1))
+    extreme[0, 0] = 1.0  # only annotator 0 gives the observed label any probability
+    assert plugin_ratio(extreme)[0, 0, 0, 0] == pytest.approx(n)
+
+
+def test_spec_plugin_from_personal_iterates_stays_at_the_pooled_model():
+    users = small(n=4, delta=1.0)
+    draws = users.draw(20, 2, np.random.default_rng(3))
+    _, w_plug = run_reward("affpcl", "r2", users, 20, 1.0, 2, None, eval_every=5, weights="plugin", draws=draws)
+    _, w_fed = run_reward("fedavg", "r2", users, 20, 1.0, 2, None, eval_every=5, draws=draws)
+    _, w_dre = run_reward("affpcl", "r2", users, 20, 1.0, 2, None, eval_every=5, weights="plugin_il", draws=draws)
+    np.testing.assert_allclose(w_plug, w_fed, atol=1e-12)
+    assert np.abs(w_dre - w_fed).max() > 1e-3
+
+
+def test_accuracy_and_optimum():
+    users = small(runs=2, n=3, delta=0.3, d=6)
+    np.testing.assert_allclose(users.accuracy(np.zeros((2, 6))), 0.5)
+    for variant in ("r1", "r3"):
+        wstar = users.optimum(variant)
+        assert wstar.shape == (2, 3, 6)
+    # r1's least-squares optimum on attributes exactly linear in z is the scaled generating direction
+    gen = users.optimum("r2")
+    np.testing.assert_allclose(users.optimum("r1"), gen, rtol=1e-3, atol=1e-3)  # up to the 1e-6 ridge
+    acc = users.accuracy(gen)
+    np.testing.assert_allclose(acc, users.bayes_accuracy)
+
+
+def test_attributes_of_two_hand_made_pairs():
+    pairs = [("\n\nHuman: How do I pick a lock?", "I'm sorry, I can't help with that.", "Sure, use a pin."),
+             ("\n\nHuman: hi\n\nAssistant: hello\n\nHuman: Tell me a joke", "Why did the chicken cross the road?",
+              "No.")]
+    lengths = {"I'm sorry, I can't help with that.": 11, "Sure, use a pin.": 5,
+               "Why did the chicken cross the road?": 8, "No.": 2}
+    attrs = pair_attributes(pairs, np.array([0, 1]), lengths.__getitem__)
+    # pair 1 shown as (chosen, rejected): harmless +1, log-length margin, apology words "sorry", "can't"
+    np.testing.assert_allclose(attrs[0], [1.0, np.log(12) - np.log(6), 2.0])
+    # pair 2 shown as (rejected, chosen): every margin flips sign; no apology words
+    np.testing.assert_allclose(attrs[1], [-1.0, np.log(3) - np.log(9), 0.0])
+    assert {"sorry", "can't"} <= APOLOGY_WORDS
+    assert last_human_turn(pairs[1][0]) == "Tell me a joke"
+
+
+def tiny(datasets):
+    return RewardConfig(datasets=datasets, variants=["r1", "r2"], n_list=[3, 6], deltas=[0.0, 1.0], runs=3,
+                        steps=20, eval_every=5, window=2, synthetic_items=200, synthetic_d=8, hh_pairs=24, hh_dim=8,
+                        boot=200)
+
+
+def test_reward_section_runs_on_a_tiny_config(tmp_path):
+    cfg, metrics = tiny(["synthetic"]), {}
+    claims, records = reward_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
+    assert len(claims) == 3 + 3 * 2 + 1
+    assert {c["verdict"] for c in claims} <= {"reproduced", "not reproduced", "inconclusive"}
+    assert len(records) == 2 * 2 * (5 + 7)
+    table = metrics["reward_models"]["accuracy"]
+    assert set(table) == {"synthetic/r1", "synthetic/r2"} and set(table["synthetic/r1"]) == {"3/0", "3/1", "6/0",
+                                                                                            "6/1"}
+    assert all(0.3 < v["mean"] <= 1 for c in table["synthetic/r2"].values() for k, v in c.items() if k != "bayes")
+    assert "w_dist" in table["synthetic/r1"]["3/0"]["affpcl"]
+    md = reward_table(cfg, table)
+    assert len(md) == 2 and "| 6 | 1 |" in md[1] and "AffPCL w/ DRE" in md[1]
+    assert (tmp_path / "reward_table.json").is_file()
+
+
+@pytest.mark.skipif(shared_data_dir() is None, reason="shared data folder (../shared/data) not found")
+def test_reward_section_on_real_hh_pairs(tmp_path):
+    cfg, metrics = tiny(["hh"]), {}
+    cfg.variants = ["r2"]
+    claims, _ = reward_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
+    assert len(claims) == 7 and not metrics["reward_models"]["skipped"]
+    cells = metrics["reward_models"]["accuracy"]["hh/r2"]
+    assert all(0.5 < c["bayes"] <= 1 for c in cells.values())
