@@ -22,7 +22,9 @@ TOY = ["fig1.runs=4", "fig1.steps=20", "fig1.n=6", "fig1.sets={main_text: [0.0, 
        "sweeps.steps=20", "sweeps.fig4_grid=[0.0, 0.5]", "sweeps.fig5_n=[2, 6]", "sweeps.fig5_deltas=[0.5, 0.1]",
        "digits.n=4", "digits.runs=2", "digits.steps=20", "digits.eval_every=5", "digits.window=2",
        "digits.levels=[0.0, 1.0]", "rl.n=4", "rl.td_runs=2", "rl.td_steps=60", "rl.sarsa_runs=2", "rl.sarsa_steps=60",
-       "--no-progress"]
+       "reward.datasets=[synthetic]", "reward.variants=[r1, r2]", "reward.n_list=[3]", "reward.deltas=[0.0, 1.0]",
+       "reward.runs=2", "reward.steps=20", "reward.eval_every=5", "reward.window=2", "reward.synthetic_items=100",
+       "reward.synthetic_d=4", "reward.boot=100", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +35,11 @@ def toy_runs(tmp_path_factory):
 def test_every_claim_is_reported_with_a_verdict_and_plots_are_written(toy_runs):
     summary = json.loads((toy_runs[0] / "summary.json").read_text())
     names = [c["name"] for c in summary["claims"]]
-    assert len(names) == 31 and names[0] == "AffPCL matches FedAvg in the homogeneous setting"
+    assert len(names) == 41 and names[0] == "AffPCL matches FedAvg in the homogeneous setting"
     assert sum(n.startswith("[appendix_b]") for n in names) == 4
     assert sum(n.startswith("[Fig. 2, batch") for n in names) == 8 and sum("[Fig. 3" in n for n in names) == 5
+    assert sum(n.startswith("[reward synthetic") for n in names) == 10
+    assert set(summary["metrics"]["reward_models"]["accuracy"]) == {"synthetic/r1", "synthetic/r2"}
     assert set(summary["metrics"]["fig3_rl"]["sarsa"]["1"]) == {"il", "fedavg", "affpcl", "affpcl_dre"}
     assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
     assert set(summary["metrics"]["fig1_last10_mse0"]) == {"0", "0.5", "0.8"}
@@ -45,7 +49,9 @@ def test_every_claim_is_reported_with_a_verdict_and_plots_are_written(toy_runs):
                  "fig4_improvement", "fig5_contours", "fig2_digits_batch32", "fig2_digits_batch1", "fig3_td",
                  "fig3_sarsa"):
         assert (toy_runs[0] / "plots" / f"{plot}.png").stat().st_size > 1000
-    assert "| AffPCL matches FedAvg in the homogeneous setting |" in (toy_runs[0] / "report.md").read_text()
+    report = (toy_runs[0] / "report.md").read_text()
+    assert "| AffPCL matches FedAvg in the homogeneous setting |" in report
+    assert "Reward models, synthetic/r2: expected held-out preference accuracy" in report
     communication = next(c for c in summary["claims"] if c["name"].startswith("Remark 1"))
     assert communication["verdict"] == "reproduced" and communication["measured"]["payload_ratio"] == 3.5
     assert communication["measured"]["simulator_vs_vectorised_max_rel_gap"] < 1e-5
@@ -57,7 +63,7 @@ def test_records_hold_mean_and_median_curves_per_method(toy_runs):
     records = [json.loads(x) for x in (toy_runs[0] / "metrics.jsonl").read_text().splitlines()]
     methods = {r["method"] for r in records if r["figure"] == "fig1"}
     assert methods == {"il", "fedavg", "affpcl", "finetune", "pfedme", "ditto", "ifca", "affpcl_agent1"}
-    affpcl = [r for r in records if r["method"] == "affpcl" and r["level"] == 0.8]
+    affpcl = [r for r in records if r["figure"] == "fig1" and r["method"] == "affpcl" and r["level"] == 0.8]
     assert [r["round"] for r in affpcl] == list(range(1, 21))
     assert all(r["mse0_mean"] > 0 and r["mse0_median"] > 0 for r in affpcl)
 
@@ -74,6 +80,8 @@ def test_configs_validate(name):
     assert data.pop("experiment") == "affpcl"
     cfg = validate(Config, data)
     assert cfg.fig1.sets["main_text"] == [0.0, 0.05, 0.3, 0.8] and cfg.fig1.sets["appendix_b"] == [0.0, 0.05, 0.2, 0.5]
+    assert cfg.reward.run and (cfg.reward.datasets == ["synthetic"] if name == "quick" else
+                               cfg.reward.n_list == [5, 10, 20, 50] and "hh" in cfg.reward.datasets)
 
 
 def test_digits_figure_runs_on_the_quick_config(tmp_path):
