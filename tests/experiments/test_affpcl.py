@@ -39,7 +39,8 @@ def test_every_claim_is_reported_with_a_verdict_and_plots_are_written(toy_runs):
     assert sum(n.startswith("[appendix_b]") for n in names) == 4
     assert sum(n.startswith("[Fig. 2, batch") for n in names) == 8 and sum("[Fig. 3" in n for n in names) == 5
     assert sum(n.startswith("[reward synthetic") for n in names) == 10
-    assert set(summary["metrics"]["reward_models"]["accuracy"]) == {"synthetic/r1", "synthetic/r2"}
+    assert set(summary["metrics"]["reward_models"]["accuracy_mean_over_n"]) == {"synthetic/r1", "synthetic/r2"}
+    assert set(json.loads((toy_runs[0] / "reward_table.json").read_text())) == {"synthetic/r1", "synthetic/r2"}
     assert set(summary["metrics"]["fig3_rl"]["sarsa"]["1"]) == {"il", "fedavg", "affpcl", "affpcl_dre"}
     assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
     assert set(summary["metrics"]["fig1_last10_mse0"]) == {"0", "0.5", "0.8"}

@@ -15,7 +15,7 @@ from collabalign.config import Strict
 from collabalign.experiments import affpcl_plots as plots
 from collabalign.experiments.affpcl_checks import SweepConfig, TheoryConfig, sweep_claims, theory_claims
 from collabalign.experiments.affpcl_digits import DigitsConfig, digits_claims, digits_note
-from collabalign.experiments.affpcl_reward import RewardConfig, reward_claims, reward_note, reward_table
+from collabalign.experiments.affpcl_reward import RewardConfig, reward_claims, reward_note
 from collabalign.experiments.affpcl_rl import RLConfig, rl_claims, rl_note
 from collabalign.federation import simulate
 from collabalign.methods.affpcl import METHODS, GaussianSystems, heterogeneity, run_affpcl
@@ -105,7 +105,7 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
         claims += more_claims
         records += more_records
     if cfg.reward.run:
-        more_claims, more_records = reward_claims(cfg.reward, seeds, metrics, run_dir, rng, progress)
+        more_claims, more_records, reward_tables = reward_claims(cfg.reward, seeds, metrics, run_dir, rng, progress)
         claims += more_claims
         records += more_records
     run_dir.write_metrics(records)
@@ -120,7 +120,7 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     if cfg.rl.run:
         notes.append(rl_note(cfg.rl))
     if cfg.reward.run:
-        notes += [reward_note(cfg.reward), *reward_table(cfg.reward, metrics["reward_models"]["accuracy"])]
+        notes += [reward_note(cfg.reward), *reward_tables]
     run_dir.write_summary(claims, metrics, notes=notes, plot_metrics=[])
 
 

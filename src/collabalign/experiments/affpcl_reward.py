@@ -94,8 +94,9 @@ def diff_ci(a: np.ndarray, b: np.ndarray, rng: np.random.Generator, boot: int) -
 
 
 def reward_claims(cfg: RewardConfig, seeds: Seeds, metrics: dict, run_dir: RunDir, rng: np.random.Generator,
-                  progress: bool = True) -> tuple[list[dict], list[dict]]:
-    """Every (dataset, variant, n, delta) cell: claims, one record per cell and method, and the accuracy table."""
+                  progress: bool = True) -> tuple[list[dict], list[dict], list[str]]:
+    """Every (dataset, variant, n, delta) cell: claims, one record per cell and method, and the accuracy tables
+    (markdown, for the report; the full table is reward_table.json, a compact one goes into the metrics)."""
     claims, records, table, notes = [], [], {}, []
     for dataset in cfg.datasets:
         pool = make_pool(cfg, seeds, dataset)
@@ -133,9 +134,20 @@ def reward_claims(cfg: RewardConfig, seeds: Seeds, metrics: dict, run_dir: RunDi
                                     "AffPCL with rho^i = P_{w^i_t}(l|s) / mean_k P_{w^k_t}(l|s) departs from FedAvg; "
                                     "with zero initialisation w^i = w^c is a fixed point (rho = 1 while all models "
                                     "agree)"))
-    metrics["reward_models"] = {"accuracy": table, "skipped": notes}
     run_dir.write_json("reward_table.json", table)
-    return claims, records
+    metrics["reward_models"] = {"table_file": "reward_table.json", "skipped": notes,
+                                "accuracy_mean_over_n": {key: _mean_over_n(cells) for key, cells in table.items()}}
+    return claims, records, reward_table(cfg, table)
+
+
+def _mean_over_n(cells: dict) -> dict:
+    """Compact summary for summary.json: accuracy per delta and method, averaged over the n values."""
+    by_delta: dict[str, dict[str, list[float]]] = {}
+    for cell, by in cells.items():
+        slot = by_delta.setdefault(cell.split("/")[1], {})
+        for m, v in by.items():
+            slot.setdefault(m, []).append(v if m == "bayes" else v["mean"])
+    return {d: {m: round(float(np.mean(v)), 4) for m, v in ms.items()} for d, ms in by_delta.items()}
 
 
 def _claims(tag: str, cfg: RewardConfig, acc: dict, m: str, rng: np.random.Generator) -> list[dict]:

@@ -1,6 +1,8 @@
 """AffPCL personalised reward models (spec §8.3): vectorised R1 / R3 equal per-annotator loops, the plug-in density
 ratio, the reward section on a tiny config and the text attributes of HH pairs."""
 
+import json
+
 import numpy as np
 import pytest
 from scipy.special import expit
@@ -154,25 +156,27 @@ def tiny(datasets):
 
 def test_reward_section_runs_on_a_tiny_config(tmp_path):
     cfg, metrics = tiny(["synthetic"]), {}
-    claims, records = reward_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
+    claims, records, md = reward_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
     assert len(claims) == 3 + 3 * 2 + 1
     assert {c["verdict"] for c in claims} <= {"reproduced", "not reproduced", "inconclusive"}
     assert len(records) == 2 * 2 * (5 + 7)
-    table = metrics["reward_models"]["accuracy"]
+    table = json.loads((tmp_path / "reward_table.json").read_text())
     assert set(table) == {"synthetic/r1", "synthetic/r2"} and set(table["synthetic/r1"]) == {"3/0", "3/1", "6/0",
                                                                                             "6/1"}
     assert all(0.3 < v["mean"] <= 1 for c in table["synthetic/r2"].values() for k, v in c.items() if k != "bayes")
     assert "w_dist" in table["synthetic/r1"]["3/0"]["affpcl"]
-    md = reward_table(cfg, table)
+    assert md == reward_table(cfg, table)
     assert len(md) == 2 and "| 6 | 1 |" in md[1] and "AffPCL w/ DRE" in md[1]
-    assert (tmp_path / "reward_table.json").is_file()
+    compact = metrics["reward_models"]["accuracy_mean_over_n"]["synthetic/r2"]
+    assert set(compact) == {"0", "1"} and compact["1"]["il"] == pytest.approx(
+        np.mean([table["synthetic/r2"][f"{n}/1"]["il"]["mean"] for n in (3, 6)]), abs=1e-4)
 
 
 @pytest.mark.skipif(shared_data_dir() is None, reason="shared data folder (../shared/data) not found")
 def test_reward_section_on_real_hh_pairs(tmp_path):
     cfg, metrics = tiny(["hh"]), {}
     cfg.variants = ["r2"]
-    claims, _ = reward_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
+    claims, _, _ = reward_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
     assert len(claims) == 7 and not metrics["reward_models"]["skipped"]
-    cells = metrics["reward_models"]["accuracy"]["hh/r2"]
+    cells = json.loads((tmp_path / "reward_table.json").read_text())["hh/r2"]
     assert all(0.5 < c["bayes"] <= 1 for c in cells.values())
