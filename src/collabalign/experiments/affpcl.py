@@ -21,7 +21,7 @@ from collabalign.federation import simulate
 from collabalign.methods.affpcl import METHODS, GaussianSystems, heterogeneity, run_affpcl
 from collabalign.methods.affpcl.common import draw_noise
 from collabalign.methods.affpcl.federated import AffPCLFederated, FedAvgFederated, agent_data, payload_bytes
-from collabalign.methods.affpcl.stats import band_verdict, bands, ci_dict, ratio_ci
+from collabalign.methods.affpcl.stats import band_verdict, bands, ci_dict, ratio_ci, rivals_below
 from collabalign.runs import RunDir, claim
 from collabalign.seeding import Seeds
 
@@ -182,16 +182,7 @@ def fig1_claims(name: str, levels: list[float], last: dict, cfg: Fig1Config, rng
     out = [match_claim(f"[{name}] AffPCL matches independent learning at the highest heterogeneity ({top:g})",
                        last[top], "affpcl", "il", cfg, rng)]
     for stat in ("mean", "median"):
-        beaten, ties = {}, {}
-        for lv in levels:
-            for m in METHODS:
-                if m == "affpcl":
-                    continue
-                ci = ratio_ci(last[lv]["affpcl"], last[lv][m], rng, stat=stat)
-                if ci[1] > 1:
-                    beaten[f"{lv:g}/{m}"] = ci_dict(ci)
-                elif ci[2] >= 1:
-                    ties[f"{lv:g}/{m}"] = ci_dict(ci)
+        beaten, ties, _ = rivals_below(last, levels, METHODS, rng, stat)
         out.append(claim(f"[{name}] AffPCL has the lowest last-10 MSE^0 at every level ({stat} over runs)",
                          "not reproduced" if beaten else "reproduced",
                          {"significantly_lower_rivals": beaten, "ties": ties},

@@ -9,7 +9,7 @@ import numpy as np
 from collabalign.config import Strict
 from collabalign.experiments import affpcl_plots as plots
 from collabalign.methods.affpcl.digits import DIGITS_METHODS, DigitsUsers, digit_features, run_digits
-from collabalign.methods.affpcl.stats import band_verdict, bands, ci_dict, ratio_ci
+from collabalign.methods.affpcl.stats import band_verdict, bands, ci_dict, ratio_ci, rivals_below
 from collabalign.runs import RunDir, claim
 from collabalign.seeding import Seeds
 
@@ -89,17 +89,7 @@ def _claims(tag: str, cfg: DigitsConfig, last: dict, rng: np.random.Generator) -
                  f"ratio of mean final test MSE with its 90% interval inside [{lo:.3g}, {hi:.3g}] (users still "
                  "differ in class mixture)")]
     for stat in ("mean", "median"):
-        beaten, ties, margins = {}, {}, {}
-        for lv in cfg.levels:
-            for m in DIGITS_METHODS:
-                if m == "affpcl":
-                    continue
-                ci = ratio_ci(last[lv]["affpcl"], last[lv][m], rng, stat=stat)
-                margins[f"{lv:g}/{m}"] = round(ci[0], 4)
-                if ci[1] > 1:
-                    beaten[f"{lv:g}/{m}"] = ci_dict(ci)
-                elif ci[2] >= 1:
-                    ties[f"{lv:g}/{m}"] = ci_dict(ci)
+        beaten, ties, margins = rivals_below(last, cfg.levels, DIGITS_METHODS, rng, stat)
         out.append(claim(f"[{tag}] AffPCL has the lowest test MSE at every delta_obj ({stat} over runs)",
                          "not reproduced" if beaten else "reproduced",
                          {"significantly_lower_rivals": beaten, "ties": ties, "affpcl_over_rival": margins},

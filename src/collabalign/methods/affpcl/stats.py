@@ -72,3 +72,21 @@ def spearman(a: np.ndarray, b: np.ndarray) -> tuple[float, float]:
     dof = a.size - 2
     t = rho * np.sqrt(dof / max(1.0 - rho**2, 1e-300))
     return rho, float(2 * stdtr(dof, -abs(t)))
+
+
+def rivals_below(last: dict, levels: list[float], methods: tuple[str, ...], rng: np.random.Generator,
+                 stat: str = "mean") -> tuple[dict, dict, dict]:
+    """AffPCL against every rival at every level: (rivals whose error ratio interval lies above 1, i.e. significantly
+    lower error than AffPCL; ties, whose interval contains 1; the point ratio AffPCL / rival), keyed "level/rival"."""
+    beaten, ties, ratios = {}, {}, {}
+    for lv in levels:
+        for m in methods:
+            if m == "affpcl":
+                continue
+            ci = ratio_ci(last[lv]["affpcl"], last[lv][m], rng, stat=stat)
+            ratios[f"{lv:g}/{m}"] = round(ci[0], 4)
+            if ci[1] > 1:
+                beaten[f"{lv:g}/{m}"] = ci_dict(ci)
+            elif ci[2] >= 1:
+                ties[f"{lv:g}/{m}"] = ci_dict(ci)
+    return beaten, ties, ratios
