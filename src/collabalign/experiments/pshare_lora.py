@@ -10,6 +10,7 @@ from collections import defaultdict
 import numpy as np
 
 from collabalign.config import Strict
+from collabalign.fits import loglog_slope
 from collabalign.methods.pshare_lora import LABELS, METHODS, prepare, schedule, train
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, evaluate, generate, model_for
 from collabalign.report import line_plot
@@ -54,11 +55,6 @@ def fit(problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict
     max_norm = tc.norm_slack * float(truth.delta.flatten(1).norm(dim=1).max()) if tc.norm_projection else None
     losses = train(net, data, phases, problem.users, tc.batch_size, g, max_norm)
     return {**evaluate(net, truth, test), "train_loss": round(losses[-1], 6), **truth.diversity(problem.k)}
-
-
-def slope(xs: list[float], ys: list[float]) -> float:
-    """Least-squares slope of log y against log x."""
-    return float(np.polyfit(np.log(xs), np.log(ys), 1)[0])
 
 
 def paired(better: list[float], worse: list[float], strict: bool) -> tuple[str, dict]:
@@ -112,7 +108,7 @@ def ordering_claims(acc: dict[str, dict[str, list[float]]]) -> list[dict]:
 
 def sweep_claims(curves: dict[str, dict[int, dict[str, list[float]]]], tail: float) -> tuple[list[dict], dict]:
     """Log-log slopes over data per user: dist(B^, B°) ~ N_p^-1/2 and reward-difference MSE ~ N_p^-1 (η = 0)."""
-    slopes = {m: {metric: round(slope(sorted(c), [np.mean(c[n][metric]) for n in sorted(c)]), 3)
+    slopes = {m: {metric: round(loglog_slope(sorted(c), [np.mean(c[n][metric]) for n in sorted(c)])[0], 3)
                   for metric in ("subspace_dist", "reward_diff_mse", "param_error")} for m, c in curves.items()}
     out = []
     if "pshare_si" in slopes and len(curves["pshare_si"]) > 1:

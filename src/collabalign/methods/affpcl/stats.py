@@ -53,12 +53,6 @@ def band_verdict(ci: tuple[float, float, float], low: float, high: float) -> str
     return "inconclusive"
 
 
-def loglog_slope(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
-    """Least-squares slope and intercept of log y against log x."""
-    slope, intercept = np.polyfit(np.log(x), np.log(y), 1)
-    return float(slope), float(intercept)
-
-
 def ranks(v: np.ndarray) -> np.ndarray:
     """Ranks from 0, ties given their average rank."""
     _, inverse, counts = np.unique(v, return_inverse=True, return_counts=True)

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from collabalign.fits import loglog_slope
 from collabalign.methods.affpcl.algorithm import run_affpcl
 from collabalign.methods.affpcl.baselines import run_il
 from collabalign.methods.affpcl.common import theory_steps
-from collabalign.methods.affpcl.stats import last_mse, loglog_slope, spearman
+from collabalign.methods.affpcl.stats import last_mse, spearman
 from collabalign.methods.affpcl.systems import GaussianSystems, heterogeneity
 from collabalign.seeding import Seeds
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from collabalign.fits import loglog_slope
 from collabalign.seeding import Seeds
 
 SEEDS = (0, 1, 2)
@@ -165,11 +166,6 @@ def simulate_fslora(problem: MatrixRegression, ks: Sequence[int], rank: int, lr:
     return Trajectory(*stats, diverged=False)
 
 
-def _slope(x: Sequence[float], y: Sequence[float]) -> float:
-    """Least-squares slope of log y against log x."""
-    return float(np.polyfit(np.log(x), np.log(y), 1)[0])
-
-
 def check_ratio_ordering(seeds: Sequence[int] = SEEDS, ratios: Sequence[float] = (1.0, 0.5, 0.25, 0.125),
                          rank: int = 8, n_devices: int = 10, lr: float = 0.02, local_steps: int = 5,
                          rounds: int = 300) -> dict:
@@ -194,7 +190,7 @@ def check_rate(seeds: Sequence[int] = SEEDS, rounds: Sequence[int] = (50, 100, 2
     avg = [float(np.mean([simulate_fslora(MatrixRegression.make(n_devices, s), [k] * n_devices, rank, lr, local_steps,
                                           t, s).mean_grad_sq() for s in seeds]))
            for t, lr in zip(rounds, lrs, strict=True)]
-    slope = _slope(rounds, avg)
+    slope = loglog_slope(rounds, avg)[0]
     return {"rounds": list(rounds), "lr": lrs, "avg_grad_sq": avg, "slope": slope,
             "in_band": bool(band[0] <= slope <= band[1]), "seeds": list(seeds)}
 
@@ -208,7 +204,8 @@ def check_speedup(seeds: Sequence[int] = SEEDS, n_devices: Sequence[int] = (2, 4
     all_rounds = [float(np.mean([run.mean_grad_sq() for run in group])) for group in runs]
     last_half = [float(np.mean([run.mean_grad_sq(0.5) for run in group])) for group in runs]
     return {"n_devices": list(n_devices), "het": het, "all_rounds": all_rounds, "last_half": last_half,
-            "slope_all_rounds": _slope(n_devices, all_rounds), "slope_last_half": _slope(n_devices, last_half),
+            "slope_all_rounds": loglog_slope(n_devices, all_rounds)[0],
+            "slope_last_half": loglog_slope(n_devices, last_half)[0],
             "seeds": list(seeds)}
 
 
