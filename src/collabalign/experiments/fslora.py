@@ -153,9 +153,9 @@ def devices(train: ClassificationData, fed: FederationConfig, seed: int) -> dict
 class Runner:
     """Runs one method on one problem and seed, recording per-round metrics and timing."""
 
-    def __init__(self, fed: FederationConfig, progress: bool):
+    def __init__(self, fed: FederationConfig, progress: bool, records: list[dict] | None = None):
         self.fed, self.progress = fed, progress
-        self.records: list[dict] = []
+        self.records: list[dict] = [] if records is None else records  # shared by runners of one experiment
 
     def run(self, tag: dict, problem: TorchLoRAProblem, clients: dict, method: str, rank: int,
             ratios: list[float], seed: int, rounds: int, top_k: float | None = None) -> SimulationResult:
@@ -166,7 +166,7 @@ class Runner:
                           label=label)
         delta = algorithm.delta_weights(result.state)
         without = problem.evaluate({n: np.zeros_like(d) for n, d in delta.items()}, head_of(result.state))
-        result.metrics[-1]["score_without_lora"] = 100 * without.get("matthews", without["accuracy"])  # trained head
+        result.metrics[-1]["score_without_lora"] = headline(without)  # the trained head alone
         result.metrics[-1]["delta_w_rel_norm"] = float(np.mean([np.linalg.norm(d) / float(torch.linalg.norm(
             problem.w0[n])) for n, d in delta.items()]))  # mean over adapted layers of ||Delta W|| / ||W0||
         uploaded = result.ledger.per_round()
@@ -177,10 +177,14 @@ class Runner:
         return result
 
 
+def headline(metrics: dict) -> float:
+    """A metrics record's headline in points: Matthews correlation for CoLA, else accuracy."""
+    return 100 * metrics.get("matthews", metrics["accuracy"])
+
+
 def score(result: SimulationResult) -> float:
-    """The final round's headline metric in points: Matthews correlation for CoLA, else accuracy."""
-    final = result.metrics[-1]
-    return 100 * final.get("matthews", final["accuracy"])
+    """The final round's headline metric in points."""
+    return headline(result.metrics[-1])
 
 
 def glue_sensitivity(cfg: Config, runner: Runner, task: str, problem: TorchLoRAProblem,
@@ -190,8 +194,8 @@ def glue_sensitivity(cfg: Config, runner: Runner, task: str, problem: TorchLoRAP
     seed, lines, fed = cfg.seeds[0], [], runner.fed
     clients = devices(train, fed, seed)
     for lr, momentum, alpha in cfg.glue.sensitivity:
-        setting = Runner(fed.model_copy(update={"momentum": momentum, "lora_alpha": alpha}), runner.progress)
-        setting.records = runner.records
+        setting = Runner(fed.model_copy(update={"momentum": momentum, "lora_alpha": alpha}), runner.progress,
+                         runner.records)
         problem.lr, problem.momentum = lr, momentum
         result = setting.run({"experiment": "GLUE sensitivity", "problem": task, "variant": f"{lr}/{momentum}/{alpha}"},
                              problem, clients, "fslora", setting.fed.rank, setting.fed.ratios, seed, setting.fed.rounds)
@@ -234,8 +238,7 @@ def mean_std(values: list[float]) -> tuple[float, float]:
 def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     fed, abl, runner = cfg.federation, cfg.ablations, Runner(cfg.federation, progress)
     glue_runner = Runner(validate(FederationConfig, fed.model_dump() | cfg.glue.federation, "glue.federation"),
-                         progress)
-    glue_runner.records = runner.records
+                         progress, runner.records)
     notes = [f"{fed.devices} devices, Dirichlet(alpha={fed.alpha}) label split (min {fed.min_size} per device); "
              f"global rank r = {fed.rank}; device ratios drawn once per device from {fed.ratios}; H = {fed.steps} "
              f"SGD steps (momentum {fed.momentum}) of batch {fed.batch_size} per round; server step "
@@ -303,8 +306,7 @@ def commonsense_e1(cfg: Config, runner: Runner, e1: E1Results, notes: list[str])
     cs, fed = cfg.commonsense, cfg.federation
     problem, train = commonsense_problem(cs.train_file, cs.test_root, cs.tasks, load_backbone(cs.backbone), Seeds(0),
                                          fed.rank, cs.max_train, cs.max_test, cs.max_length, cs.targets, fed.steps,
-                                         cs.lr, fed.batch_size, cs.max_new_tokens, cs.device)
-    problem.momentum = fed.momentum
+                                         cs.lr, fed.batch_size, cs.max_new_tokens, cs.device, fed.momentum)
     for seed in cfg.seeds:
         parts = iid(len(train), fed.devices, Seeds(seed).numpy("partition"))
         clients = {f"device{i:02d}": train[torch.as_tensor(p)] for i, p in enumerate(parts)}

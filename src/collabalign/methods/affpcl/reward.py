@@ -220,5 +220,6 @@ def _affpcl_step(variant: str, x: np.ndarray, xc: np.ndarray, theta: np.ndarray,
         weighted = (rho * e_c[:, None]).reshape(runs, n, n * b)
         server = weighted @ z.reshape(runs, n * b, d) / (n * b) + ridge * xc[:, None]
     x_new = x - alpha * (direction(variant, x, s, ridge) + server - corr)
-    xc_new = xc - alpha * direction(variant, xc, s, ridge).mean(1)
+    central = direction(variant, xc, s, ridge) if variant == "r1" else corr  # r2/r3: corr is xc's own direction
+    xc_new = xc - alpha * central.mean(1)
     return x_new, xc_new, theta

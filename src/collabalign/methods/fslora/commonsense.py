@@ -78,8 +78,8 @@ class CommonsenseProblem(TorchLoRAProblem):
 
     def __init__(self, model: nn.Module, tokenizer, tokens: PromptAnswerTokens, answers: list[str], tasks: list[str],
                  test: ClassificationData, steps: int, lr: float, batch_size: int = 16, max_new_tokens: int = 10,
-                 eval_batch_size: int = 64, device: str = "cpu"):
-        super().__init__(model, [], test, steps, lr, batch_size, None, eval_batch_size, device)
+                 eval_batch_size: int = 64, device: str = "cpu", momentum: float = 0.0):
+        super().__init__(model, [], test, steps, lr, batch_size, None, eval_batch_size, device, momentum)
         self.tokenizer, self.tokens, self.answers, self.tasks = tokenizer, tokens, answers, tasks
         self.max_new_tokens = max_new_tokens
 
@@ -128,7 +128,7 @@ class CommonsenseProblem(TorchLoRAProblem):
 def commonsense_problem(train_file: str | Path, test_root: str | Path, tasks: Sequence[str], backbone: Backbone,
                         seeds: Seeds, rank: int, max_train: int | None, max_test: int | None, max_length: int,
                         targets: list[str], steps: int, lr: float, batch_size: int = 16, max_new_tokens: int = 10,
-                        device: str = "cpu") -> tuple[CommonsenseProblem, ClassificationData]:
+                        device: str = "cpu", momentum: float = 0.0) -> tuple[CommonsenseProblem, ClassificationData]:
     """Commonsense170K (a seeded `max_train` subset when given) for training, the first `max_test` rows of each
     task's test set for evaluation, LoRA of global rank `rank` on `targets` of every block of a float32 copy of the
     causal LM; returns (problem, training data), training rows carrying task index -1 (the tasks are mixed)."""
@@ -145,5 +145,5 @@ def commonsense_problem(train_file: str | Path, test_root: str | Path, tasks: Se
     data = ClassificationData(torch.arange(len(examples)), torch.tensor(task_ids))
     problem = CommonsenseProblem(model, backbone.tokenizer, encode(backbone.tokenizer, examples, max_length),
                                  [e.answer for e in examples], list(tasks), data[len(train):], steps, lr, batch_size,
-                                 max_new_tokens, device=device)
+                                 max_new_tokens, device=device, momentum=momentum)
     return problem, data[: len(train)]
