@@ -18,9 +18,14 @@ def bt_loss(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
     return -F.logsigmoid(r_chosen - r_rejected).mean()
 
 
+def pair_correct(r_chosen: Tensor, r_rejected: Tensor) -> Tensor:
+    """Per pair: 1 if ranked correctly, 0.5 for a tie, else 0 (float64)."""
+    return (r_chosen > r_rejected).double() + 0.5 * (r_chosen == r_rejected).double()
+
+
 def preference_accuracy(r_chosen: Tensor, r_rejected: Tensor) -> float:
     """Fraction of pairs ranked correctly; a tie counts as half right."""
-    return float(((r_chosen > r_rejected).double() + 0.5 * (r_chosen == r_rejected).double()).mean())
+    return float(pair_correct(r_chosen, r_rejected).mean())
 
 
 def pair_texts(pairs: Sequence[PreferencePair]) -> tuple[list[str], list[str]]:

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 from collabalign.config import Strict
 from collabalign.lora import inject_lora, routed
 from collabalign.methods.pshare_lora.train import Prefs
+from collabalign.models.reward import pair_correct
 from collabalign.seeding import Seeds
 
 
@@ -134,7 +135,7 @@ def evaluate(net: BilinearNet, truth: Truth, test: Prefs) -> dict:
     diff = r[:m] - r[m:]
     theta = truth.theta_init + truth.delta
     true_diff = true_reward(theta, test.users, test.chosen) - true_reward(theta, test.users, test.rejected)
-    right = (diff > 0).double() + 0.5 * (diff == 0).double()
+    right = pair_correct(r[:m], r[m:])
     per_user = torch.bincount(test.users, right, n) / torch.bincount(test.users, minlength=n)
     oracle = torch.bincount(test.users, (true_diff > 0).double(), n) / torch.bincount(test.users, minlength=n)
     delta = effective_delta(net, n)
