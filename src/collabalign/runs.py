@@ -10,6 +10,7 @@ import subprocess
 import tempfile
 from importlib import metadata
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
@@ -51,6 +52,16 @@ def claim(name: str, verdict: str, measured: dict[str, Any], expected: str) -> d
     if verdict not in VERDICTS:
         raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
     return {"name": name, "verdict": verdict, "measured": measured, "expected": expected}
+
+
+@dataclass
+class Part:
+    """What one part of a reproduction adds to its run: claims, metric records, summary metrics, report notes."""
+
+    claims: list[dict[str, Any]] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    metrics: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 class RunDir:
