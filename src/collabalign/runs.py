@@ -8,9 +8,9 @@ import json
 import os
 import subprocess
 import tempfile
+from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
-from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
