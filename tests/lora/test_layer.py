@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from collabalign.lora import LoRALinear, inject_lora, lora_layers, routed
+from collabalign.lora import Blocks, LoRALinear, inject_lora, lora_layers, routed
 
 
 def make_layer(parties_a=None, parties_b=None, rank=8, seed=0):
@@ -51,6 +51,31 @@ def test_per_sample_routing_equals_each_party_alone(pa, pb, sliced):
         layer.route(p, idx)
         alone = layer(x[party == p])
         torch.testing.assert_close(mixed[party == p], alone)
+
+
+@pytest.mark.parametrize("pa, pb", [(4, 4), (None, 4), (4, None)])
+@pytest.mark.parametrize("sliced", [False, True])
+def test_block_routing_equals_row_routing_with_gradients(pa, pb, sliced):
+    layer = make_layer(pa, pb).double()
+    x = torch.randn(2 * 4 * 3, 5, 12, dtype=torch.float64)  # 2 runs of 4 party blocks of 3 rows
+    party = torch.arange(4).repeat_interleave(3).repeat(2)
+    idx = torch.tensor([0, 2, 5]) if sliced else None
+    grads = []
+    for routing in (party, Blocks(4, repeats=2)):
+        layer.zero_grad()
+        layer.route(routing, idx)
+        y = layer(x)
+        (y * torch.linspace(-1, 1, y.numel(), dtype=y.dtype).view_as(y)).sum().backward()
+        grads.append((y.detach(), layer.A.grad.clone(), layer.B.grad.clone()))
+    for by_row, by_block in zip(*grads, strict=True):
+        torch.testing.assert_close(by_block, by_row)
+
+
+def test_blocks_must_match_the_party_count():
+    layer = make_layer(parties_a=3)
+    layer.route(Blocks(4))
+    with pytest.raises(ValueError, match="3 parties but the rows are in blocks of 4"):
+        layer(torch.randn(8, 12))
 
 
 def test_routing_without_party_is_a_clear_error():

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
-from collabalign.lora.layer import LoRALinear
+from collabalign.lora.layer import LoRALinear, Party
 
 
 def matches(name: str, targets: list[str]) -> bool:
@@ -56,7 +56,7 @@ def lora_parameters(model: nn.Module) -> dict[str, Tensor]:
 
 
 @contextmanager
-def routed(model: nn.Module, party: Tensor | int | None = None,
+def routed(model: nn.Module, party: Party = None,
            rank_idx: Tensor | dict[str, Tensor] | None = None) -> Iterator[None]:
     """Within the block every LoRA layer uses `party` and `rank_idx` (one subset, or one per layer name)."""
     layers = lora_layers(model)

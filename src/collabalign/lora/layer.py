@@ -3,6 +3,8 @@
 - Shared factors: A (r, in), B (out, r). Per-party factors carry a leading party dimension:
   A (P, r, in), B (P, out, r). The forward routes each sample to its party's factors (one gather,
   one batched matmul), so a mixed-party batch is a single pass.
+- Rows already grouped by party in equal blocks (`Blocks`) skip the gather: the party becomes the batch dimension
+  of one matmul, much faster when there are many rows and small factors (the gather's backward is a serial scatter).
 - A rank subset ``rank_idx`` (k indices) makes the forward use only A[idx], B[:, idx] with the r/k
   factor (scale alpha/r * r/k), so compute and gradients cost O(k): sliced, never masked.
 Routing is set on the layer (`route`) because Hugging Face forwards cannot carry extra arguments.
@@ -11,9 +13,22 @@ Routing is set on the layer (`route`) because Hugging Face forwards cannot carry
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+
+
+@dataclass(frozen=True)
+class Blocks:
+    """Rows laid out as `repeats` runs of `parties` equal blocks: with n rows per block, row (j * parties + p) * n + t
+    belongs to party p. Routing this instead of a per-row index tensor applies per-party factors blockwise."""
+
+    parties: int
+    repeats: int = 1
+
+
+Party = Tensor | int | Blocks | None
 
 
 class LoRALinear(nn.Module):
@@ -34,7 +49,7 @@ class LoRALinear(nn.Module):
         self.A = nn.Parameter(torch.empty(shape_a, dtype=w.dtype, device=w.device))
         self.B = nn.Parameter(torch.zeros(shape_b, dtype=w.dtype, device=w.device))
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
-        self.party: Tensor | int | None = None
+        self.party: Party = None
         self.rank_idx: Tensor | None = None
         self.enabled = True
         self.reset_parameters()
@@ -62,7 +77,7 @@ class LoRALinear(nn.Module):
         self.rank, self.rank_idx = A.shape[0], None
         self.alpha = float(scale) * self.rank
 
-    def route(self, party: Tensor | int | None = None, rank_idx: Tensor | None = None) -> None:
+    def route(self, party: Party = None, rank_idx: Tensor | None = None) -> None:
         """Sets the per-sample party index (N,) or one party for the batch, and the active rank subset."""
         self.party = party
         self.rank_idx = rank_idx
@@ -76,10 +91,11 @@ class LoRALinear(nn.Module):
         """alpha / r for the full rank; alpha/r * r/k = alpha/k for a k-subset."""
         return self.alpha / self.active_rank
 
-    def factors(self, party: Tensor | int | None = None) -> tuple[Tensor, Tensor]:
+    def factors(self, party: Party = None) -> tuple[Tensor, Tensor]:
         """A and B as used by the forward: gathered for `party`, sliced to `rank_idx`.
 
-        Per-party factors with a tensor `party` come back with a leading sample dimension (N, k, in) / (N, out, k).
+        Per-party factors with a tensor `party` come back with a leading sample dimension (N, k, in) / (N, out, k);
+        with `Blocks` they keep their party dimension (P, k, in) / (P, out, k).
         """
         idx = self.rank_idx
         A, B = self.A, self.B
@@ -99,6 +115,9 @@ class LoRALinear(nn.Module):
             return y
         A, B = self.factors(self.party)
         x = self.dropout(x)
+        if isinstance(self.party, Blocks):
+            h = _apply_blocks(x, A, self.party)
+            return y + self.scale * _apply_blocks(h, B, self.party)
         h = _apply(x, A)  # (..., k)
         return y + self.scale * _apply(h, B)
 
@@ -122,10 +141,14 @@ class LoRALinear(nn.Module):
         return (f"rank={self.rank}, alpha={self.alpha}, A={tuple(self.A.shape)}, B={tuple(self.B.shape)}")
 
 
-def _gather(w: Tensor, party: Tensor | int | None, idx: Tensor | None, rank_dim: int, name: str) -> Tensor:
+def _gather(w: Tensor, party: Party, idx: Tensor | None, rank_dim: int, name: str) -> Tensor:
     """Per-party factor w (P, ...) -> the rows for `party` (int or (N,) tensor), rank-sliced by idx."""
     if party is None:
         raise ValueError(f"LoRALinear has per-party {name} but no party was routed (call route(party=...))")
+    if isinstance(party, Blocks):
+        if w.shape[0] != party.parties:
+            raise ValueError(f"{name} has {w.shape[0]} parties but the rows are in blocks of {party.parties}")
+        return w if idx is None else w.index_select(rank_dim, idx)
     if isinstance(party, int) or party.dim() == 0:
         w = w[int(party)]
         return w if idx is None else w.index_select(rank_dim - 1, idx)
@@ -143,3 +166,11 @@ def _apply(x: Tensor, w: Tensor) -> Tensor:
     n = x.shape[0]
     flat = x.reshape(n, -1, x.shape[-1])
     return torch.bmm(flat, w.transpose(1, 2)).reshape(*x.shape[:-1], w.shape[1])
+
+
+def _apply_blocks(x: Tensor, w: Tensor, blocks: Blocks) -> Tensor:
+    """x (N, ..., in) @ w^T with w shared (out, in) or per party (P, out, in) over rows laid out as `blocks`."""
+    if w.dim() == 2:
+        return x @ w.T
+    grouped = x.reshape(blocks.repeats, blocks.parties, -1, x.shape[-1])
+    return torch.einsum("jpti,poi->jpto", grouped, w).reshape(*x.shape[:-1], w.shape[1])

@@ -127,4 +127,15 @@ def test_mini_batches_cover_every_pair_once_per_epoch():
     stream = batches(10, 4, torch.Generator().manual_seed(0))
     epoch = [next(stream) for _ in range(3)]
     assert [len(b) for b in epoch] == [4, 4, 2] and sorted(torch.cat(epoch).tolist()) == list(range(10))
-    assert torch.equal(next(batches(10, 0, torch.Generator())), torch.arange(10))
+    assert next(batches(10, 0, torch.Generator())) == slice(0, 10)
+
+
+def test_pairs_sorted_by_user_in_equal_blocks_route_blockwise():
+    from collabalign.lora import Blocks
+    from collabalign.methods.pshare_lora import Prefs
+
+    x = torch.zeros(6, 2)
+    assert Prefs(torch.tensor([0, 0, 1, 1, 2, 2]), x, x).blocks(3) == Blocks(3, repeats=2)
+    assert Prefs(torch.tensor([0, 1, 0, 1, 2, 2]), x, x).blocks(3) is None  # not sorted
+    assert Prefs(torch.tensor([0, 0, 1, 1, 1, 1]), x, x).blocks(2) is None  # unequal blocks
+    assert Prefs(torch.tensor([0, 0, 1, 1, 1, 1]), x, x).blocks(3) is None  # a user missing

@@ -9,7 +9,7 @@ import torch
 from torch import Tensor, nn
 
 from collabalign.config import Strict
-from collabalign.lora import inject_lora, routed
+from collabalign.lora import Blocks, inject_lora, routed
 from collabalign.methods.pshare_lora.train import Prefs
 from collabalign.models.reward import pair_correct
 from collabalign.seeding import Seeds
@@ -116,8 +116,7 @@ def effective_delta(net: BilinearNet, n_users: int) -> Tensor:
     """Each user's learned Theta_i - Theta_init, (N, d1, d2), from one routed pass of the identity basis."""
     d2 = net.f[0].base.in_features
     eye = torch.eye(d2).repeat(n_users, 1)
-    users = torch.arange(n_users).repeat_interleave(d2)
-    with routed(net, users):
+    with routed(net, Blocks(n_users)):
         y = net.f(eye)  # (N d2, d1): row j of user i is Theta_i e_j
     base = net.f[-1].base.weight
     return y.reshape(n_users, d2, -1).transpose(1, 2) - base
@@ -128,8 +127,8 @@ def evaluate(net: BilinearNet, truth: Truth, test: Prefs) -> dict:
     """Held-out accuracy per user (ties 0.5) and mean, agreement with the true sign, parameter error
     (1/N) sum ||Delta^_i - Delta*_i||_F^2, reward-difference MSE and dist(B^, B°) (Def. A.1)."""
     n, k = truth.delta.shape[0], truth.basis.shape[1]
-    users = torch.cat([test.users, test.users])
-    with routed(net, users):
+    layout = test.blocks(n)
+    with routed(net, layout if layout is not None else torch.cat([test.users, test.users])):
         r = net(torch.cat([test.chosen, test.rejected]))
     m = len(test)
     diff = r[:m] - r[m:]

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from collabalign.lora.inject import lora_layers, routed
+from collabalign.lora.layer import Blocks
 from collabalign.methods.pshare_lora.sharing import Mode, configure, project_, set_identity_down
 from collabalign.models.reward import bt_loss
 
@@ -36,8 +37,16 @@ class Prefs:
     def __len__(self) -> int:
         return len(self.users)
 
-    def __getitem__(self, idx: Tensor) -> Prefs:
+    def __getitem__(self, idx: Tensor | slice) -> Prefs:
         return Prefs(self.users[idx], self.chosen[idx], self.rejected[idx])
+
+    def blocks(self, n_users: int) -> Blocks | None:
+        """The routing layout of `pair_loss`'s rows (chosen then rejected) when the pairs are sorted by user in equal
+        blocks covering every user, else None (rows are then routed one by one)."""
+        if len(self) == 0 or len(self) % n_users:
+            return None
+        grouped = torch.arange(n_users, device=self.users.device).repeat_interleave(len(self) // n_users)
+        return Blocks(n_users, repeats=2) if torch.equal(self.users, grouped) else None
 
 
 @dataclass(frozen=True)
@@ -96,19 +105,21 @@ def prepare(model: nn.Module, method: str, n_users: int, generator: torch.Genera
             set_identity_down(layer)
 
 
-def batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[Tensor]:
-    """Endless mini-batch indices, a fresh permutation per epoch; batch_size 0 means the full data every step."""
+def batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[Tensor | slice]:
+    """Endless mini-batch indices, a fresh permutation per epoch; batch_size 0 means the full data every step (a
+    slice: no copy)."""
     while True:
         if batch_size <= 0:
-            yield torch.arange(n)
+            yield slice(0, n)
             continue
         perm = torch.randperm(n, generator=generator)
         yield from (perm[i:i + batch_size] for i in range(0, n, batch_size))
 
 
-def pair_loss(model: nn.Module, batch: Prefs) -> Tensor:
-    """Bradley–Terry loss of a mixed-user batch: chosen and rejected rows in ONE routed forward pass."""
-    users = torch.cat([batch.users, batch.users])
+def pair_loss(model: nn.Module, batch: Prefs, layout: Blocks | None = None) -> Tensor:
+    """Bradley–Terry loss of a mixed-user batch: chosen and rejected rows in ONE routed forward pass (`layout`: the
+    batch's `Prefs.blocks`, when known, routes blockwise instead of row by row)."""
+    users = layout if layout is not None else torch.cat([batch.users, batch.users])
     with routed(model, users):
         r = model(torch.cat([batch.chosen, batch.rejected]))
     n = len(batch)
@@ -120,6 +131,7 @@ def train(model: nn.Module, data: Prefs, phases: list[Phase], n_users: int, batc
     """Runs the phases with Adam (a fresh optimiser per phase, as the factors change shape); returns the losses."""
     layers = list(lora_layers(model).values())
     stream = batches(len(data), batch_size, generator)
+    layout = data.blocks(n_users) if batch_size <= 0 else None
     losses = []
     for phase in phases:
         for layer, (a, b) in zip(layers, phase.modes, strict=True):
@@ -129,7 +141,7 @@ def train(model: nn.Module, data: Prefs, phases: list[Phase], n_users: int, batc
         for t in range(phase.steps):
             for group in opt.param_groups:
                 group["lr"] = phase.lr[0] + (phase.lr[1] - phase.lr[0]) * t / phase.steps
-            loss = pair_loss(model, data[next(stream)])
+            loss = pair_loss(model, data[next(stream)], layout)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
