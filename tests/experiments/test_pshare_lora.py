@@ -9,7 +9,8 @@ from collabalign.cli import config_path
 from .toy import run_twice
 
 TOY = ["seeds=[0, 1]", "problem.users=4", "problem.n_train=30", "problem.n_test=100", "train.steps=20",
-       "sweep.n_train=[15, 30, 60]", "sweep.methods=[global, pshare_si]", "--no-progress"]
+       "sweep.n_train=[15, 30, 60]", "sweep.methods=[global, local, pshare_si, full]", "sweep.users=[2, 4]",
+       "sweep.spectrum_decay=[0.5, 1]", "sweep.tail=[0, 1]", "sweep.tail_n_train=[15, 60]", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -26,14 +27,19 @@ def test_claims_table_and_plots_are_written(toy_runs):
     names = [c["name"] for c in summary["claims"]]
     assert names[:4] == ["P-ShareLoRA (G) >= P-ShareLoRA (SI)", "P-ShareLoRA (WU) >= P-ShareLoRA (SI)",
                          "P-ShareLoRA (SI) > LoRA-global", "P-ShareLoRA (SI) > LoRA-local"]
-    assert len(names) == 8 and any(n.startswith("dist(B^, B°)") for n in names)
+    assert len(names) == 15 and any(n.startswith("dist(B^, B°)") for n in names)
+    for sweep_claim in ("falls as N^-1/2 with more users", "grows as nu falls", "A tail flattens",
+                        "Pairs needed for a target accuracy", "full per-user matrices beat"):
+        assert any(sweep_claim in n for n in names), sweep_claim
     assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
-    assert all("mean_difference" in c["measured"] or "slope" in c["measured"] for c in summary["claims"])
-    assert set(summary["metrics"]["sweep_slopes"]) == {"global", "pshare_si"}
+    assert all(c["measured"] for c in summary["claims"])
+    assert set(summary["metrics"]["sweep_slopes"]) == {"n_train", "users", "spectrum_decay", "tail=0", "tail=1"}
+    assert set(summary["metrics"]["sweep_slopes"]["users"]) == {"global", "local", "pshare_si", "full"}
     report = (toy_runs[0] / "report.md").read_text()
     assert "| P-ShareLoRA (WU) | " in report and " ± " in report
-    for metric in ("accuracy", "subspace_dist"):
-        assert (toy_runs[0] / "plots" / f"sweep_n_train_{metric}.png").stat().st_size > 1000
+    for sweep in ("n_train", "users", "spectrum_decay", "tail_1"):
+        for metric in ("accuracy", "subspace_dist"):
+            assert (toy_runs[0] / "plots" / f"sweep_{sweep}_{metric}.png").stat().st_size > 1000
 
 
 def test_records_cover_every_method_and_seed_and_are_deterministic(toy_runs):
@@ -41,5 +47,14 @@ def test_records_cover_every_method_and_seed_and_are_deterministic(toy_runs):
     records = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
     main_runs = {(r["method"], r["seed"]) for r in records if r["experiment"] == "main"}
     assert len(main_runs) == 8 * 2
-    assert {r["n_train"] for r in records if r["experiment"] == "sweep_n_train"} == {15, 30, 60}
+    assert {r["value"] for r in records if r["experiment"] == "sweep_n_train"} == {15, 30, 60}
+    assert {r["value"] for r in records if r["experiment"] == "sweep_users"} == {2, 4}
     assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
+
+
+def test_worker_processes_give_the_same_records(toy_runs, tmp_path):
+    from collabalign.cli import main
+
+    quick = str(config_path("pshare-lora", quick=True))
+    assert main(["run", quick, *TOY[:-1], "workers=2", "--no-progress", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "metrics.jsonl").read_bytes() == (toy_runs[0] / "metrics.jsonl").read_bytes()

@@ -1,21 +1,22 @@
-"""P-ShareLoRA reproduction, synthetic part (spec ../shared/specs/pshare-lora.md §8.1–8.2): every method on the
-bilinear preference problem over seeds (mean ± std), the paper's ordering as claims, and a data-per-user sweep with
-fitted log-log slopes of the subspace distance and the reward-difference error."""
+"""P-ShareLoRA reproduction (spec ../shared/specs/pshare-lora.md §8): every method on the §8.1 bilinear preference
+problem over seeds (mean ± std) with the paper's ordering as claims, and the §8.2 theory sweeps."""
 
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from multiprocessing import get_context
 
 import numpy as np
 
 from collabalign.config import Strict
 from collabalign.experiments.pshare_lora_claims import ordering_claims, table
-from collabalign.fits import loglog_slope
+from collabalign.experiments.pshare_lora_sweeps import SweepConfig, problems, sweep_part
 from collabalign.methods.pshare_lora import LABELS, METHODS, prepare, schedule, train
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, evaluate, generate, model_for
-from collabalign.report import line_plot
-from collabalign.runs import RunDir, claim
+from collabalign.runs import RunDir
 from collabalign.seeding import Seeds
 
 TITLE = "P-ShareLoRA: personalised reward models sharing a low-rank factor (synthetic)"
@@ -32,17 +33,13 @@ class TrainConfig(Strict):
     warmup_fraction: float = 0.1  # WU: 0.3 of 3 epochs
 
 
-class SweepConfig(Strict):
-    n_train: list[int] = [25, 50, 100, 200, 400, 800]
-    methods: list[str] = ["global", "local", "pshare_si", "pshare_g", "pshare_wu", "full"]
-
-
 class Config(Strict):
     seeds: list[int] = [0, 1, 2]
     problem: ProblemConfig = ProblemConfig()
     train: TrainConfig = TrainConfig()
     methods: list[str] = list(METHODS)
     sweep: SweepConfig = SweepConfig()
+    workers: int = 1  # processes for the independent fits (each fit is seeded on its own: results do not change)
 
 
 def fit(problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict:
@@ -58,73 +55,54 @@ def fit(problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict
     return {**evaluate(net, truth, test), "train_loss": round(losses[-1], 6), **truth.diversity(problem.k)}
 
 
-def sweep_claims(curves: dict[str, dict[int, dict[str, list[float]]]], tail: float) -> tuple[list[dict], dict]:
-    """Log-log slopes over data per user: dist(B^, B°) ~ N_p^-1/2 and reward-difference MSE ~ N_p^-1 (η = 0)."""
-    slopes = {m: {metric: round(loglog_slope(sorted(c), [np.mean(c[n][metric]) for n in sorted(c)])[0], 3)
-                  for metric in ("subspace_dist", "reward_diff_mse", "param_error")} for m, c in curves.items()}
-    out = []
-    if "pshare_si" in slopes and len(curves["pshare_si"]) > 1:
-        s = slopes["pshare_si"]
-        for metric, target, name in (("subspace_dist", -0.5, "dist(B^, B°) falls as N_p^-1/2 (Thm 4.1)"),
-                                     ("reward_diff_mse", -1.0, "P-ShareLoRA's reward-difference MSE falls as N_p^-1")):
-            if tail > 0:
-                verdict = "inconclusive"  # the theory predicts a plateau, not a rate, with a tail
-            else:
-                verdict = "reproduced" if abs(s[metric] - target) <= 0.5 * abs(target) else "not reproduced"
-            out.append(claim(name, verdict, {"slope": s[metric]}, f"log-log slope {target} ± {0.5 * abs(target)} "
-                             "(eta = 0)"))
-    return out, slopes
+def run_fits(jobs: list[tuple[ProblemConfig, str, int]], tc: TrainConfig, workers: int, progress: bool) -> dict:
+    """Every distinct (problem, method, seed) fit once, in order, on `workers` processes; keyed by
+    (problem JSON, method, seed)."""
+    keys = list(dict.fromkeys((p.model_dump_json(), m, s) for p, m, s in jobs))
+    args = [(ProblemConfig.model_validate_json(p), tc, m, s) for p, m, s in keys]
+    results = {}
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) if workers > 1 else nullcontext() as pool:
+        done = pool.map(_fit, args) if pool else map(_fit, args)
+        for i, (key, res) in enumerate(zip(keys, done, strict=True)):
+            results[key] = res
+            if progress and ((i + 1) % 10 == 0 or i + 1 == len(keys)):
+                print(f"pshare-lora synthetic: {i + 1}/{len(keys)} fits", file=sys.stderr, flush=True)
+    return results
+
+
+def _fit(args: tuple[ProblemConfig, TrainConfig, str, int]) -> dict:
+    return fit(*args)
 
 
 def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
-    """Main comparison over seeds, then the data-per-user sweep; writes records, claims, table and plots."""
-    records, acc, done = [], defaultdict(lambda: defaultdict(list)), {}
+    """Main comparison over seeds and the theory sweeps (one pool of fits), then claims, tables and plots."""
+    sweep_seeds = cfg.sweep.seeds or cfg.seeds
+    points = [p for pts in problems(cfg.sweep, cfg.problem).values() for _, p in pts]
+    jobs = [(cfg.problem, m, s) for m in cfg.methods for s in cfg.seeds]
+    jobs += [(p, m, s) for p in points for m in cfg.sweep.methods for s in sweep_seeds]
+    results = run_fits(jobs, cfg.train, cfg.workers, progress)
+    records, acc = [], defaultdict(lambda: defaultdict(list))
     for method in cfg.methods:
         for seed in cfg.seeds:
-            res = done[method, seed, cfg.problem.n_train] = fit(cfg.problem, cfg.train, method, seed)
+            res = results[cfg.problem.model_dump_json(), method, seed]
             records.append({"experiment": "main", "method": method, "seed": seed, "n_train": cfg.problem.n_train,
                             **res})
             for key, value in res.items():
                 acc[method][key].append(value)
-            if progress:
-                print(f"main {method} seed {seed}: accuracy {res['accuracy']:.4f}", file=sys.stderr)
-    curves = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
-    for n_train in cfg.sweep.n_train:
-        problem = cfg.problem.model_copy(update={"n_train": n_train})
-        for method in cfg.sweep.methods:
-            for seed in cfg.seeds:
-                res = done.get((method, seed, n_train)) or fit(problem, cfg.train, method, seed)  # deterministic
-                records.append({"experiment": "sweep_n_train", "method": method, "seed": seed, "n_train": n_train,
-                                **res})
-                for key, value in res.items():
-                    curves[method][n_train][key].append(value)
-            if progress:
-                print(f"sweep n_train {n_train} {method}: accuracy {np.mean(curves[method][n_train]['accuracy']):.4f}",
-                      file=sys.stderr)
-    claims = ordering_claims(acc)
-    more, slopes = sweep_claims(curves, cfg.problem.tail)
-    claims += more
     first = acc[cfg.methods[0]]
     diversity = {k: round(float(np.mean(first[k])), 4) for k in ("nu", "sigma_tail", "bias_mean", "oracle_accuracy")}
+    sweeps = sweep_part(cfg.sweep, cfg.problem, sweep_seeds, results, diversity["oracle_accuracy"], run_dir)
     metrics = {"main": {LABELS[m]: {k: round(float(np.mean(v[k])), 4) for k in ("accuracy", "param_error",
                                                                                "subspace_dist")}
-                        for m, v in acc.items()}, "diversity": diversity, "sweep_slopes": slopes}
+                        for m, v in acc.items()}, "diversity": diversity, **sweeps.metrics}
+    p = cfg.problem
     notes = [table(acc, cfg.methods, diversity["oracle_accuracy"]),
-             f"Truth: nu = {diversity['nu']}, Sigma_tail = {diversity['sigma_tail']}; d1 = {cfg.problem.d1}, "
-             f"d2 = {cfg.problem.d2}, N = {cfg.problem.users}, k = {cfg.problem.k}, rho = {cfg.problem.rho}, "
-             f"eta = {cfg.problem.tail}, N_p = {cfg.problem.n_train}; {cfg.train.steps} full-budget steps per method."]
-    if cfg.problem.depth == 1 and "share_rep" in cfg.methods:
+             f"Truth: nu = {diversity['nu']}, Sigma_tail = {diversity['sigma_tail']}; d1 = {p.d1}, d2 = {p.d2}, "
+             f"N = {p.users}, k = {p.k}, rho = {p.rho}, eta = {p.tail}, N_p = {p.n_train}; {cfg.train.steps} "
+             f"full-batch Adam steps (lr {cfg.train.lr}) per method; sweeps over seeds {sweep_seeds}.",
+             *sweeps.notes]
+    if p.depth == 1 and "share_rep" in cfg.methods:
         notes.append("With depth 1 the model has a single LoRA layer, so Share Rep has no layer below to freeze: it is "
                      "a global phase followed by per-user factors (both A and B) on that layer.")
-    plot_sweep(run_dir, curves)
-    run_dir.write_metrics(records)
-    run_dir.write_summary(claims, metrics, notes=notes, plot_metrics=[])
-
-
-def plot_sweep(run_dir: RunDir, curves: dict) -> None:
-    """Accuracy and subspace distance against pairs per user (log x), mean over seeds."""
-    for metric in ("accuracy", "subspace_dist"):
-        series = {LABELS[m]: (sorted(c), [float(np.mean(c[n][metric])) for n in sorted(c)]) for m, c in curves.items()}
-        if series:
-            line_plot(run_dir.path / "plots" / f"sweep_n_train_{metric}.png", series, "pairs per user N_p", metric,
-                      f"{metric} vs data per user", log_x=True)
+    run_dir.write_metrics(records + sweeps.records)
+    run_dir.write_summary(ordering_claims(acc) + sweeps.claims, metrics, notes=notes, plot_metrics=[])
