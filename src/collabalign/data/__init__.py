@@ -10,6 +10,7 @@ from collabalign.data.partition import by_key, dirichlet, iid, label_skew
 from collabalign.data.paths import shared_data_dir
 from collabalign.data.preferences import PreferencePair, PreferenceSet, load_jsonl
 from collabalign.data.synthetic import SYNTHETIC_TOPICS, tiny_preferences
+from collabalign.data.tldr import load_tldr, load_tldr_users, tldr_prompt, tldr_split, tldr_texts
 
 __all__ = [
     "COMMONSENSE_TASKS",
@@ -38,7 +39,12 @@ __all__ = [
     "load_hh_rlhf",
     "load_hhh",
     "load_jsonl",
+    "load_tldr",
+    "load_tldr_users",
     "shared_data_dir",
     "tiny_preferences",
     "tldr_comparisons_from_hub",
+    "tldr_prompt",
+    "tldr_split",
+    "tldr_texts",
 ]

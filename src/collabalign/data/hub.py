@@ -10,7 +10,10 @@ import numpy as np
 
 from collabalign.data.glue import TextDataset, glue_layout, load_glue
 from collabalign.data.hh_rlhf import hh_pair
-from collabalign.data.preferences import PreferencePair, PreferenceSet, checked_pair, collect_pairs
+from collabalign.data.preferences import PreferenceSet, collect_pairs
+from collabalign.data.tldr import HUB_NAME as TLDR_HUB_NAME
+from collabalign.data.tldr import HUB_SUBSET as TLDR_HUB_SUBSET
+from collabalign.data.tldr import tldr_rows
 
 # GLUE task -> (hub config, first text column, second text column or None, dev split); hub labels match ours.
 _GLUE_HUB = {
@@ -76,15 +79,8 @@ def load_glue_any(task: str, split: str, root: str | Path | None) -> TextDataset
 
 
 def tldr_comparisons_from_hub(split: str = "validation", drop_invalid: bool = True) -> PreferenceSet:
-    """openai/summarize_from_feedback comparisons (Reddit TL;DR): party = the labeler's `worker` id."""
-    rows = _load_dataset("openai/summarize_from_feedback", "comparisons", split)
-    source = f"hub:openai/summarize_from_feedback/comparisons[{split}]"
-
-    def make(i: int, r: dict[str, Any]) -> list[PreferencePair]:
-        info, texts = r["info"], [s["text"] for s in r["summaries"]]
-        post = info.get("post") or info.get("article") or ""
-        prompt = f"SUBREDDIT: r/{info.get('subreddit')}\nTITLE: {info.get('title')}\nPOST: {post}\nTL;DR:"
-        attributes = {"subreddit": info.get("subreddit"), "policies": [s["policy"] for s in r["summaries"]]}
-        return [checked_pair(source, i, prompt, texts[r["choice"]], texts[1 - r["choice"]], r["worker"], attributes)]
-
-    return collect_pairs(source, enumerate(rows, start=1), make, drop_invalid)
+    """openai/summarize_from_feedback comparisons (Reddit TL;DR) as load_tldr reads them: party = the labeler's
+    `worker` id; CNN/DM rows and ties are counted in `dropped`; malformed rows are counted too unless drop_invalid
+    is False."""
+    rows = _load_dataset(TLDR_HUB_NAME, TLDR_HUB_SUBSET, split)
+    return tldr_rows(f"hub:{TLDR_HUB_NAME}/{TLDR_HUB_SUBSET}[{split}]", enumerate(rows, start=1), drop_invalid)
