@@ -5,6 +5,8 @@ Reward model: a per-token MLP 128 -> 128 -> 128 (tanh) with LoRA rank 8 on both 
 of each text, frozen scalar head; batch 64 pairs, Adam. Texts of 16 tokens (LoRA on Q/K of a text model acts per
 token) and, as the worst case, of one token (the per-sample factor gather is then not amortised over tokens).
 Goal: mixed-user batching <= 1.3x LoRA-global at N = 100 users.
+Second table: full-batch steps on the §8.1 bilinear problem (rows sorted by user), routed row by row (per-sample
+gather) vs in party blocks (`Blocks`: one batched matmul), for P-ShareLoRA and the full per-user matrices.
 Run: OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python benchmarks/pshare_batching.py
 """
 
@@ -15,7 +17,8 @@ from timing import compare
 from torch import nn
 
 from collabalign.lora import inject_lora, lora_layers, routed
-from collabalign.methods.pshare_lora import Prefs, configure, pair_loss
+from collabalign.methods.pshare_lora import Prefs, configure, pair_loss, prepare
+from collabalign.methods.pshare_lora.synthetic import ProblemConfig, generate, model_for
 from collabalign.models.reward import bt_loss
 
 DIM, HIDDEN, RANK, PAIRS, BATCH = 128, 128, 8, 512, 64
@@ -80,6 +83,28 @@ def time_users(users: int, tokens: int, g: torch.Generator) -> dict[str, float]:
                     "loop": lambda: epoch_loop(*runs["loop"], data, order)}, rounds=5, warmup=1)
 
 
+def time_full_batch(method: str, n_train: int) -> dict[str, float]:
+    """Median seconds per full-batch Adam step on the §8.1 problem, routed row by row vs in party blocks."""
+    problem = ProblemConfig(n_train=n_train)
+    truth, data, _ = generate(problem, 0)
+    runs = {}
+    for routing in ("rows", "blocks"):
+        net = model_for(truth, problem.k)
+        prepare(net, method, problem.users, torch.Generator().manual_seed(0))
+        for layer in lora_layers(net).values():
+            configure(layer, *(("frozen", "user") if method == "full" else ("user", "shared")), problem.users)
+        opt = torch.optim.Adam([p for p in net.parameters() if p.requires_grad], lr=0.02)
+        runs[routing] = (net, opt, data.blocks(problem.users) if routing == "blocks" else None)
+
+    def step(net: nn.Module, opt: torch.optim.Optimizer, layout) -> None:
+        loss = pair_loss(net, data, layout)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    return compare({k: (lambda r=r: [step(*r) for _ in range(5)]) for k, r in runs.items()}, rounds=5, warmup=1)
+
+
 def main() -> None:
     g = torch.Generator().manual_seed(0)
     print(f"per-token MLP {DIM}->{HIDDEN}->{HIDDEN}, LoRA rank {RANK} on 2 maps, {PAIRS} pairs, batch {BATCH}, "
@@ -91,6 +116,13 @@ def main() -> None:
             t = time_users(users, tokens, g)
             print(f"{tokens:>6} {users:>6} {t['global'] * 1e3:>10.1f} {t['mixed'] * 1e3:>10.1f} "
                   f"{t['loop'] * 1e3:>10.1f} {t['mixed'] / t['global']:>13.2f} {t['loop'] / t['global']:>12.2f}")
+    print("\n§8.1 problem (10 users, d1 32, d2 8), 5 full-batch Adam steps (median of 5, interleaved)")
+    print(f"{'method':>10} {'N_p':>6} {'rows ms':>10} {'blocks ms':>10} {'rows/blocks':>12}")
+    for method in ("pshare_si", "full"):
+        for n_train in (100, 800):
+            t = time_full_batch(method, n_train)
+            print(f"{method:>10} {n_train:>6} {t['rows'] * 1e3:>10.1f} {t['blocks'] * 1e3:>10.1f} "
+                  f"{t['rows'] / t['blocks']:>12.2f}")
 
 
 if __name__ == "__main__":
