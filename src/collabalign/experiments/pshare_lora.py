@@ -12,25 +12,15 @@ from multiprocessing import get_context
 import numpy as np
 
 from collabalign.config import Strict
+from collabalign.experiments.pshare_lora_bandit import BanditConfig, bandit_part
 from collabalign.experiments.pshare_lora_claims import ordering_claims, table
 from collabalign.experiments.pshare_lora_sweeps import SweepConfig, problems, sweep_part
-from collabalign.methods.pshare_lora import LABELS, METHODS, prepare, schedule, train
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, evaluate, generate, model_for
+from collabalign.methods.pshare_lora import LABELS, METHODS
+from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig, evaluate, fit_model, generate
 from collabalign.runs import RunDir
 from collabalign.seeding import Seeds
 
 TITLE = "P-ShareLoRA: personalised reward models sharing a low-rank factor (synthetic)"
-
-
-class TrainConfig(Strict):
-    steps: int = 1500  # the same budget for every method (spec §3.3)
-    lr: float = 0.02
-    linear_schedule: bool = False  # spec §8.1: constant Adam rate; True: the paper's linear decay to 0
-    batch_size: int = 0  # 0: full batch (spec §8.1); else mixed-user mini-batches
-    norm_projection: bool = True  # ||Delta Theta_i||_F <= norm_slack * max_i ||Delta Theta*_i||_F after every step
-    norm_slack: float = 1.1
-    global_fraction: float = 2 / 3  # G and Share Rep: the global phase
-    warmup_fraction: float = 0.1  # WU: 0.3 of 3 epochs
 
 
 class Config(Strict):
@@ -39,19 +29,14 @@ class Config(Strict):
     train: TrainConfig = TrainConfig()
     methods: list[str] = list(METHODS)
     sweep: SweepConfig = SweepConfig()
+    bandit: BanditConfig = BanditConfig()  # spec §8.3, on the main problem's truth
     workers: int = 1  # processes for the independent fits (each fit is seeded on its own: results do not change)
 
 
 def fit(problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict:
     """Trains `method` on the problem drawn from `seed` and returns its held-out metrics."""
     truth, data, test = generate(problem, seed)
-    net = model_for(truth, problem.k, problem.depth)
-    g = Seeds(seed).torch(f"train-{method}")
-    prepare(net, method, problem.users, g)
-    phases = schedule(method, problem.depth, tc.steps, tc.lr, tc.linear_schedule, tc.global_fraction,
-                      tc.warmup_fraction)
-    max_norm = tc.norm_slack * float(truth.delta.flatten(1).norm(dim=1).max()) if tc.norm_projection else None
-    losses = train(net, data, phases, problem.users, tc.batch_size, g, max_norm)
+    net, losses = fit_model(truth, data, problem, tc, method, Seeds(seed).torch(f"train-{method}"))
     return {**evaluate(net, truth, test), "train_loss": round(losses[-1], 6), **truth.diversity(problem.k)}
 
 
@@ -92,17 +77,23 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     first = acc[cfg.methods[0]]
     diversity = {k: round(float(np.mean(first[k])), 4) for k in ("nu", "sigma_tail", "bias_mean", "oracle_accuracy")}
     sweeps = sweep_part(cfg.sweep, cfg.problem, sweep_seeds, results, diversity["oracle_accuracy"], run_dir)
+    parts = [sweeps]
+    if cfg.bandit.run:
+        parts.append(bandit_part(cfg.bandit, cfg.problem, cfg.seeds, run_dir, progress))
     metrics = {"main": {LABELS[m]: {k: round(float(np.mean(v[k])), 4) for k in ("accuracy", "param_error",
                                                                                "subspace_dist")}
                         for m, v in acc.items()}, "diversity": diversity, **sweeps.metrics}
+    if cfg.bandit.run:
+        metrics["bandit"] = parts[1].metrics
     p = cfg.problem
     notes = [table(acc, cfg.methods, diversity["oracle_accuracy"]),
              f"Truth: nu = {diversity['nu']}, Sigma_tail = {diversity['sigma_tail']}; d1 = {p.d1}, d2 = {p.d2}, "
              f"N = {p.users}, k = {p.k}, rho = {p.rho}, eta = {p.tail}, N_p = {p.n_train}; {cfg.train.steps} "
              f"full-batch Adam steps (lr {cfg.train.lr}) per method; sweeps over seeds {sweep_seeds}.",
-             *sweeps.notes]
+             *[n for part in parts for n in part.notes]]
     if p.depth == 1 and "share_rep" in cfg.methods:
         notes.append("With depth 1 the model has a single LoRA layer, so Share Rep has no layer below to freeze: it is "
                      "a global phase followed by per-user factors (both A and B) on that layer.")
-    run_dir.write_metrics(records + sweeps.records)
-    run_dir.write_summary(ordering_claims(acc) + sweeps.claims, metrics, notes=notes, plot_metrics=[])
+    run_dir.write_metrics(records + [r for part in parts for r in part.records])
+    run_dir.write_summary(ordering_claims(acc) + [c for part in parts for c in part.claims], metrics, notes=notes,
+                          plot_metrics=[])

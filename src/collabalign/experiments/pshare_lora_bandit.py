@@ -16,7 +16,7 @@ from torch import Tensor
 from collabalign.config import Strict
 from collabalign.experiments.pshare_lora_claims import paired
 from collabalign.fits import loglog_slope
-from collabalign.methods.pshare_lora import LABELS, Prefs, prepare, schedule, train
+from collabalign.methods.pshare_lora import LABELS, Prefs
 from collabalign.methods.pshare_lora.bandit import (
     Bandit,
     bandit_pairs,
@@ -27,7 +27,14 @@ from collabalign.methods.pshare_lora.bandit import (
     theory_zeta,
     value_gap,
 )
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, Truth, effective_delta, generate, model_for
+from collabalign.methods.pshare_lora.synthetic import (
+    ProblemConfig,
+    TrainConfig,
+    Truth,
+    effective_delta,
+    fit_model,
+    generate,
+)
 from collabalign.report import line_plot
 from collabalign.runs import Part, RunDir, claim
 from collabalign.seeding import Seeds
@@ -39,18 +46,13 @@ Zeta = float | Literal["theory", "oracle"]
 
 class BanditConfig(Strict):
     run: bool = False
-    problem: ProblemConfig = ProblemConfig()  # the §8.1 truth; its n_train / n_test are not used here
     prompts: int = 20  # S
     candidates: int = 10  # K
     coverage: float = 0.5  # fraction of each prompt's candidates that mu_0 = mu_1 cover
     n_train: list[int] = [25, 50, 100, 200]  # N_p, comparisons per user (nested: the first N_p of one draw)
     zetas: list[Zeta] = [0.0, 0.01, 0.1, "theory", "oracle"]  # "theory": `bandit.theory_zeta`; "oracle": ||D^-D*||^2
     methods: list[str] = ["global", "local", "pshare_si", "pshare_g", "full"]
-    steps: int = 600  # training as the main synthetic run (full-batch Adam, constant lr, norm projection)
-    lr: float = 0.02
-    norm_projection: bool = True
-    norm_slack: float = 1.1
-    global_fraction: float = 2 / 3
+    train: TrainConfig = TrainConfig(steps=600)  # the main run's recipe, fewer steps
     iters: int = 200  # exponentiated-gradient iterations of the policy solver
     step: float = 1.0  # its largest step, in reward units per prompt
 
@@ -67,19 +69,13 @@ def zeta_label(z: Zeta) -> str:
     return z if isinstance(z, str) else f"{z:g}"
 
 
-def fit_deltas(cfg: BanditConfig, truth: Truth, data: Prefs, method: str, seed: int) -> Tensor:
-    """Trains `method` on the bandit comparisons (the main run's recipe) and returns every Delta^_i, (N, d1, d2)."""
-    n = truth.delta.shape[0]
-    net = model_for(truth, cfg.problem.k, cfg.problem.depth)
-    g = Seeds(seed).torch(f"bandit-train-{method}")
-    prepare(net, method, n, g)
-    phases = schedule(method, cfg.problem.depth, cfg.steps, cfg.lr, global_fraction=cfg.global_fraction)
-    max_norm = cfg.norm_slack * float(truth.delta.flatten(1).norm(dim=1).max()) if cfg.norm_projection else None
-    train(net, data, phases, n, 0, g, max_norm)
-    return effective_delta(net, n)
+def fit_deltas(tc: TrainConfig, problem: ProblemConfig, truth: Truth, data: Prefs, method: str, seed: int) -> Tensor:
+    """Trains `method` on the bandit comparisons and returns every Delta^_i, (N, d1, d2)."""
+    net, _ = fit_model(truth, data, problem, tc, method, Seeds(seed).torch(f"bandit-train-{method}"))
+    return effective_delta(net, problem.users)
 
 
-def radii(cfg: BanditConfig, truth: Truth, delta_hat: Tensor, n_train: int) -> dict[str, Tensor]:
+def radii(cfg: BanditConfig, k: int, truth: Truth, delta_hat: Tensor, n_train: int) -> dict[str, Tensor]:
     """zeta per user (N,) for every configured value: fixed, theory-like, or the oracle ||Delta^_i - Delta*_i||_F^2."""
     n = truth.delta.shape[0]
     out = {}
@@ -87,7 +83,7 @@ def radii(cfg: BanditConfig, truth: Truth, delta_hat: Tensor, n_train: int) -> d
         if z == "oracle":
             value = (delta_hat.double() - truth.delta.double()).square().sum(dim=(1, 2))
         else:
-            value = torch.full((n,), theory_zeta(truth, cfg.problem.k, n_train) if z == "theory" else float(z),
+            value = torch.full((n,), theory_zeta(truth, k, n_train) if z == "theory" else float(z),
                                dtype=torch.float64)
         out[zeta_label(z)] = value
     return out
@@ -116,18 +112,17 @@ def reference(truth: Truth, bandit: Bandit) -> dict[str, float]:
     return {"reference_gap": round(float(gap.mean()), 6), "optimum_uncovered": round(float(hidden.double().mean()), 4)}
 
 
-def seed_records(cfg: BanditConfig, seed: int, progress: bool) -> list[dict]:
+def seed_records(cfg: BanditConfig, p: ProblemConfig, seed: int, progress: bool) -> list[dict]:
     """Every estimator x N_p x zeta record of one seed, plus its reference record."""
-    truth, _, _ = generate(cfg.problem, seed)
-    p = cfg.problem
+    truth, _, _ = generate(p, seed)
     bandit = make_bandit(p.d1, p.d2, cfg.prompts, cfg.candidates, cfg.coverage, Seeds(seed).torch("pshare-bandit"))
     pool = bandit_pairs(bandit, truth, max(cfg.n_train), Seeds(seed).torch("pshare-bandit-pairs"))
     out = [{"experiment": "bandit_reference", "seed": seed, **reference(truth, bandit)}]
     for n_train in cfg.n_train:
         data = first_pairs(pool, p.users, n_train)
         for method in cfg.methods:
-            delta_hat = fit_deltas(cfg, truth, data, method, seed)
-            zetas = radii(cfg, truth, delta_hat, n_train)
+            delta_hat = fit_deltas(cfg.train, p, truth, data, method, seed)
+            zetas = radii(cfg, p.k, truth, delta_hat, n_train)
             error = float((delta_hat - truth.delta).square().sum(dim=(1, 2)).mean())
             for label, (gap, uncovered) in policy_gaps(cfg, truth, bandit, delta_hat, zetas).items():
                 out.append({"experiment": "bandit", "seed": seed, "n_train": n_train, "method": method, "zeta": label,
@@ -233,10 +228,10 @@ def mean_of(records: list[dict], key: str, **match: object) -> float:
     return round(float(np.mean([r[key] for r in records if all(r.get(k) == v for k, v in match.items())])), 4)
 
 
-def bandit_part(cfg: BanditConfig, seeds: list[int], run_dir: RunDir, progress: bool) -> Part:
+def bandit_part(cfg: BanditConfig, problem: ProblemConfig, seeds: list[int], run_dir: RunDir, progress: bool) -> Part:
     """Trains every estimator per (seed, N_p) on the bandit's comparisons, solves the pessimistic policies for every
     zeta and returns the records, claims (a)–(c), the gap table and plots."""
-    return summarise(cfg, [r for seed in seeds for r in seed_records(cfg, seed, progress)], run_dir)
+    return summarise(cfg, [r for seed in seeds for r in seed_records(cfg, problem, seed, progress)], run_dir)
 
 
 def summarise(cfg: BanditConfig, records: list[dict], run_dir: RunDir) -> Part:
@@ -257,8 +252,8 @@ def summarise(cfg: BanditConfig, records: list[dict], run_dir: RunDir) -> Part:
     notes = [gap_table(curves, cfg.methods, cfg.n_train, ref_gap),
              f"Bandit (spec §8.3): S = {cfg.prompts} prompts x K = {cfg.candidates} candidates, comparisons over "
              f"{cfg.coverage:g} of each prompt's candidates (a user's best response is uncovered in "
-             f"{metrics['optimum_uncovered']:.0%} of prompts), mu_ref uniform; {cfg.steps} full-batch Adam steps per "
-             f"estimator, {cfg.iters} exponentiated-gradient iterations per policy. The confidence set is a Frobenius "
-             "ball around Delta^_i (eq. 3.4): its penalty sqrt(zeta) ||M_pi||_F does not know which candidates the "
-             "data cover, so zeta > 0 pulls the policy towards mu_ref on every prompt alike."]
+             f"{metrics['optimum_uncovered']:.0%} of prompts), mu_ref uniform; {cfg.train.steps} full-batch Adam "
+             f"steps per estimator, {cfg.iters} exponentiated-gradient iterations per policy. The confidence set is a "
+             "Frobenius ball around Delta^_i (eq. 3.4): its penalty sqrt(zeta) ||M_pi||_F does not know which "
+             "candidates the data cover, so zeta > 0 pulls the policy towards mu_ref on every prompt alike."]
     return Part(claims=claims + more, records=records, metrics=metrics, notes=notes)

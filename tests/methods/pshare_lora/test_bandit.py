@@ -19,7 +19,7 @@ from collabalign.methods.pshare_lora.bandit import (
     theory_zeta,
     value_gap,
 )
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, generate, true_reward
+from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig, generate, true_reward
 from collabalign.runs import RunDir
 
 
@@ -118,12 +118,13 @@ def test_theory_zeta_shrinks_with_data():
     assert theory_zeta(truth, 2, 25) == pytest.approx(4 * theory_zeta(truth, 2, 100), rel=1e-6)  # tail ~ 0 (float32)
 
 
-TOY = BanditConfig(problem=ProblemConfig(d1=6, d2=4, users=3, n_test=10), prompts=6, candidates=4, n_train=[10, 20, 40],
-                   zetas=[0.0, 0.1, "theory", "oracle"], methods=["global", "pshare_si"], steps=20, iters=50)
+TOY = BanditConfig(prompts=6, candidates=4, n_train=[10, 20, 40], zetas=[0.0, 0.1, "theory", "oracle"],
+                   methods=["global", "pshare_si"], train=TrainConfig(steps=20), iters=50)
+TOY_PROBLEM = ProblemConfig(d1=6, d2=4, users=3, n_test=10)
 
 
 def test_bandit_part_writes_claims_table_and_plots_and_is_deterministic(tmp_path):
-    parts = [bandit_part(TOY, [0, 1], RunDir(tmp_path / name), progress=False) for name in ("a", "b")]
+    parts = [bandit_part(TOY, TOY_PROBLEM, [0, 1], RunDir(tmp_path / name), progress=False) for name in ("a", "b")]
     a, b = parts
     assert json.dumps(a.records, sort_keys=True) == json.dumps(b.records, sort_keys=True)
     assert a.claims == b.claims and a.metrics == b.metrics

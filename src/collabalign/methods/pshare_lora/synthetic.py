@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from collabalign.config import Strict
 from collabalign.lora import Blocks, inject_lora, routed
-from collabalign.methods.pshare_lora.train import Prefs
+from collabalign.methods.pshare_lora.train import Prefs, prepare, schedule, train
 from collabalign.models.reward import pair_correct
 from collabalign.seeding import Seeds
 
@@ -28,6 +28,18 @@ class ProblemConfig(Strict):
     n_train: int = 100  # N_p, pairs per user
     n_test: int = 2000
     depth: int = 1  # LoRA layers in the model: depth - 1 identity-initialised v-side maps below Theta
+
+
+class TrainConfig(Strict):
+    steps: int = 1500  # the same budget for every method (spec §3.3)
+    lr: float = 0.02
+    linear_schedule: bool = False  # spec §8.1: constant Adam rate; True: the paper's linear decay to 0
+    batch_size: int = 0  # 0: full batch (spec §8.1); else mixed-user mini-batches
+    norm_projection: bool = True  # ||Delta Theta_i||_F <= norm_slack * max_i ||Delta Theta*_i||_F after every step
+    norm_slack: float = 1.1
+    global_fraction: float = 2 / 3  # G and Share Rep: the global phase
+    warmup_fraction: float = 0.1  # WU: 0.3 of 3 epochs
+
 
 
 @dataclass
@@ -145,3 +157,16 @@ def evaluate(net: BilinearNet, truth: Truth, test: Prefs) -> dict:
             "param_error": float((delta - truth.delta).square().sum(dim=(1, 2)).mean()),
             "reward_diff_mse": float((diff - true_diff).square().mean()),
             "subspace_dist": float((k - overlap).clamp_min(0).sqrt()), "oracle_accuracy": float(oracle.mean())}
+
+
+def fit_model(truth: Truth, data: Prefs, problem: ProblemConfig, tc: TrainConfig, method: str,
+              generator: torch.Generator) -> tuple[BilinearNet, list[float]]:
+    """`method` trained on `data` by the §8.1 recipe (the same step budget for every method; the personal factors
+    projected to norm_slack x the largest true update after every step); returns the model and its losses."""
+    net = model_for(truth, problem.k, problem.depth)
+    prepare(net, method, problem.users, generator)
+    phases = schedule(method, problem.depth, tc.steps, tc.lr, tc.linear_schedule, tc.global_fraction,
+                      tc.warmup_fraction)
+    max_norm = tc.norm_slack * float(truth.delta.flatten(1).norm(dim=1).max()) if tc.norm_projection else None
+    losses = train(net, data, phases, problem.users, tc.batch_size, generator, max_norm)
+    return net, losses
