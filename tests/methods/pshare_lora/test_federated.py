@@ -253,3 +253,20 @@ def test_toy_federated_part_writes_its_claims(toy_part):
     assert ledgers["fed_local"].total("up") < ledgers["fed_pshare_si"].total("up") < ledgers["fedavg_lora"].total("up")
     assert (paths[0] / "plots" / "federated_accuracy.png").stat().st_size > 1000
     assert json.dumps(part.records, sort_keys=True) == json.dumps(again.records, sort_keys=True)
+
+
+@pytest.mark.flower
+def test_flower_runs_federated_pshare_like_the_simulator():
+    pytest.importorskip("flwr")
+    pytest.importorskip("ray")
+    from collabalign.federation.flower import run_flower_simulation
+
+    _, data, model_fn = setup()
+    algorithm = FederatedPShareLoRA(model_fn, LocalSteps(3, 0.05))
+    sim = simulate(algorithm, data, 3, 11, 0.5, progress=False)
+    flower = run_flower_simulation(algorithm, data, 3, 11, 0.5)
+    assert flower.ledger.rows == sim.ledger.rows
+    for name in sim.state["params"]:  # the shared B (and the untouched starting A) agree across the two paths
+        np.testing.assert_allclose(flower.state["params"][name], sim.state["params"][name], atol=1e-5)
+    assert flower.state["seen"] == sim.state["seen"]
+    assert all(c.state == {} for c in flower.clients.values())  # the personal factors stayed on the Flower nodes
