@@ -169,7 +169,7 @@ def table(acc: dict[str, dict[str, list]], methods: list[str]) -> str:
     lines = ["Federated comparison (mean ± std over seeds):", "", "| method | " + " | ".join(COLUMNS) + " |",
              "|---|" + "---|" * len(COLUMNS)]
     for m in methods:
-        cells = [f"{np.mean(acc[m][c]):.4g} ± {np.std(acc[m][c]):.2g}" for c in COLUMNS]
+        cells = [f"{np.mean(acc[m][c]):.4g} ± {round(float(np.std(acc[m][c])), 6):.2g}" for c in COLUMNS]
         lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -210,9 +210,9 @@ def notes(acc: dict[str, dict[str, list]], cfg: FederatedConfig) -> list[str]:
     return [table(acc, cfg.methods),
             f"Federated part: d1 = {p.d1}, d2 = {p.d2}, N = {p.users} users as clients, k = {p.k}, rho = {p.rho}, "
             f"N_p = {p.n_train}; {cfg.rounds} rounds x H = {cfg.local_steps} local {cfg.optimizer} steps (lr {cfg.lr}, "
-            f"fresh optimiser each round), {cfg.fraction:g} of the clients per round; the centralised methods take "
-            f"{cfg.rounds * cfg.local_steps} Adam steps on the pooled data (with fraction < 1 a federated user "
-            "takes fewer steps on average).",
+            f"fresh optimiser each round), a fraction {cfg.fraction:g} of the clients per round; the centralised "
+            f"methods take {cfg.rounds * cfg.local_steps} Adam steps on the pooled data (with fraction < 1 a federated "
+            "user takes fewer steps on average).",
             "Bytes are wire bytes from the simulator's ledger (safetensors with header and metadata), all clients "
             "together; personal_bytes_on_clients: the private factors that never left the clients at the end. For "
             "the centralised rows up_bytes_total is the one-off upload of the raw pairs (float32 features) that "
