@@ -1,0 +1,232 @@
+"""Federated P-ShareLoRA (beyond the paper): users as clients of the Algorithm protocol on the §8.1 bilinear problem,
+against FedAvg-LoRA, LoRA-local and the centralised P-ShareLoRA (SI) / LoRA-global given the same number of gradient
+steps per user (rounds × H) on the same data; the simulator's ledger, and a byte-exact check of the upload."""
+
+from __future__ import annotations
+
+import sys
+from collections import defaultdict
+from functools import partial
+from typing import Any, Literal
+
+import numpy as np
+
+from collabalign.comm import Message
+from collabalign.config import Strict
+from collabalign.experiments.pshare_lora_claims import paired
+from collabalign.federation import SimulationResult, simulate
+from collabalign.federation.simulator import sample_clients
+from collabalign.lora import lora_layers
+from collabalign.methods.pshare_lora import prepare, schedule, train
+from collabalign.methods.pshare_lora.federated import (
+    FedAvgLoRA,
+    FederatedLoRA,
+    FederatedPShareLoRA,
+    LocalLoRA,
+    LocalSteps,
+    personal_bytes,
+    user_data,
+)
+from collabalign.methods.pshare_lora.synthetic import ProblemConfig, Truth, evaluate, generate, model_for
+from collabalign.methods.pshare_lora.train import Prefs
+from collabalign.report import line_plot
+from collabalign.runs import Part, RunDir, claim
+from collabalign.seeding import Seeds
+
+FEDERATED = ("fed_pshare_si", "fed_pshare_wu", "fed_pshare_g", "fedavg_lora", "fed_local")
+CENTRAL = {"central_pshare_si": "pshare_si", "central_global": "global"}
+LABELS = {"fed_pshare_si": "federated P-ShareLoRA (SI)", "fed_pshare_wu": "federated P-ShareLoRA (WU)",
+          "fed_pshare_g": "federated P-ShareLoRA (G)", "fedavg_lora": "FedAvg-LoRA",
+          "fed_local": "LoRA-local (federated)",
+          "central_pshare_si": "centralised P-ShareLoRA (SI)", "central_global": "centralised LoRA-global"}
+COLUMNS = ("accuracy", "param_error", "subspace_dist", "up_bytes_per_round", "down_bytes_per_round",
+           "personal_bytes_on_clients")
+
+
+class FederatedConfig(Strict):
+    run: bool = False
+    problem: ProblemConfig = ProblemConfig()  # the §8.1 defaults, N_p = 100
+    rounds: int = 150
+    local_steps: int = 10  # H; the centralised methods get rounds * H full steps, the same per user
+    lr: float = 0.02
+    optimizer: Literal["adam", "sgd"] = "adam"  # local optimiser, fresh each round (the centralised runs use Adam)
+    batch_size: int = 0  # per client; 0: full batch. Centralised runs use batch_size * users mixed-user batches
+    fraction: float = 1.0  # clients sampled per round
+    norm_projection: bool = True  # as the centralised runs: ||Delta Theta_i||_F <= norm_slack * max_i ||Delta*_i||
+    norm_slack: float = 1.1
+    global_fraction: float = 2 / 3  # G: rounds of FedAvg-LoRA first, then personal at lr / 3
+    warmup_fraction: float = 0.1  # WU: rounds of FedAvg-LoRA first
+    methods: list[str] = ["fed_pshare_si", "fed_pshare_wu", "fedavg_lora", "fed_local", "central_pshare_si",
+                          "central_global"]
+    equivalence_band: float = 0.01  # fixed before running: federated vs centralised SI within ±1 accuracy point
+    eval_every: int = 10
+
+
+def build(method: str, cfg: FederatedConfig, truth: Truth, max_norm: float | None) -> FederatedLoRA:
+    """The federated algorithm `method` on the bilinear model of `truth`."""
+    model_fn = partial(model_for, truth, cfg.problem.k, cfg.problem.depth)
+    local = LocalSteps(cfg.local_steps, cfg.lr, cfg.optimizer, cfg.batch_size)
+    if method == "fed_pshare_si":
+        return FederatedPShareLoRA(model_fn, local, max_norm=max_norm)
+    if method == "fed_pshare_wu":
+        return FederatedPShareLoRA(model_fn, local, round(cfg.warmup_fraction * cfg.rounds), max_norm=max_norm)
+    if method == "fed_pshare_g":
+        return FederatedPShareLoRA(model_fn, local, round(cfg.global_fraction * cfg.rounds), cfg.lr / 3, max_norm)
+    if method == "fedavg_lora":
+        return FedAvgLoRA(model_fn, local, max_norm)
+    if method == "fed_local":
+        return LocalLoRA(model_fn, local, max_norm)
+    raise ValueError(f"unknown federated method {method!r}; known: {', '.join((*FEDERATED, *CENTRAL))}")
+
+
+def expected_upload(truth: Truth, cfg: FederatedConfig, seed: int, clients: dict[str, Any], personal_from: int,
+                    ) -> dict[int, int]:
+    """Upload bytes per round if each sampled client sends exactly every layer's B (zeros of B's shape: the wire
+    size depends on shapes only) and its sample count, from round `personal_from` on: built from the model's
+    shapes and the simulator's sampling, not from the algorithm's messages."""
+    shared = {f"{name}.B": np.zeros(tuple(layer.B.shape), np.float32)
+              for name, layer in lora_layers(model_for(truth, cfg.problem.k, cfg.problem.depth)).items()}
+    ids = list(clients)
+    return {r: sum(Message(shared, {"n": len(clients[cid]["train"])}).nbytes
+                   for cid in sample_clients(Seeds(seed), r, ids, cfg.fraction))
+            for r in range(personal_from, cfg.rounds + 1)}
+
+
+def run_federated(method: str, cfg: FederatedConfig, seed: int, problem: tuple[Truth, Prefs, Prefs],
+                  max_norm: float | None, progress: bool) -> tuple[dict, SimulationResult, FederatedLoRA]:
+    """Simulates `method` and measures it with the centralised metrics on a centralised-shaped model."""
+    truth, data, test = problem
+    algorithm = build(method, cfg, truth, max_norm)
+    clients = user_data(data, test, cfg.problem.users)
+    result = simulate(algorithm, clients, cfg.rounds, seed, cfg.fraction, cfg.eval_every, progress=progress,
+                      label=f"{method} seed {seed}")
+    res = evaluate(algorithm.assemble(result.state, result.clients, cfg.rounds), truth, test)
+    per_round = result.ledger.per_round()
+    res.update({"up_bytes_total": result.ledger.total("up"), "down_bytes_total": result.ledger.total("down"),
+                "up_bytes_per_round": float(np.mean([b["up"] for b in per_round.values()])),
+                "down_bytes_per_round": float(np.mean([b["down"] for b in per_round.values()])),
+                "personal_bytes_on_clients": personal_bytes(result.clients),
+                "upload_array_bytes": sum(result.state["params"][n].nbytes for n in algorithm.shared),
+                "accuracy_by_round": {m["round"]: round(m["accuracy"], 4) for m in result.metrics}})
+    if method.startswith("fed_pshare"):
+        want = expected_upload(truth, cfg, seed, clients, algorithm.global_rounds + 1)
+        res["upload_byte_exact"] = all(per_round[r]["up"] == b for r, b in want.items())
+    return res, result, algorithm
+
+
+def run_central(method: str, cfg: FederatedConfig, seed: int, problem: tuple[Truth, Prefs, Prefs],
+                max_norm: float | None) -> dict:
+    """The centralised `method` (pshare_si / global) with rounds * H steps on the pooled data of the same seed."""
+    truth, data, test = problem
+    net = model_for(truth, cfg.problem.k, cfg.problem.depth)
+    g = Seeds(seed).torch(f"train-{method}")
+    prepare(net, method, cfg.problem.users, g)
+    phases = schedule(method, cfg.problem.depth, cfg.rounds * cfg.local_steps, cfg.lr)
+    train(net, data, phases, cfg.problem.users, cfg.batch_size * cfg.problem.users, g, max_norm)
+    raw = 2 * data.chosen.numel() * data.chosen.element_size()
+    return {**evaluate(net, truth, test), "up_bytes_total": raw, "down_bytes_total": 0, "up_bytes_per_round": 0.0,
+            "down_bytes_per_round": 0.0, "personal_bytes_on_clients": 0}
+
+
+def within_band(a: list[float], b: list[float], band: float) -> tuple[str, dict]:
+    """`a` equals `b` within ±band over paired seeds: reproduced if mean ± 2 SE of the difference lies inside the
+    band, not reproduced if it lies wholly outside, else inconclusive."""
+    d = np.asarray(a) - np.asarray(b)
+    mean = float(d.mean())
+    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("inf")
+    verdict = "reproduced" if abs(mean) + 2 * se <= band else "not reproduced" if abs(mean) - 2 * se > band \
+        else "inconclusive"
+    return verdict, {"mean_difference": round(mean, 4), "std_error": round(se, 4), "band": band, "seeds": len(d)}
+
+
+def claims_for(acc: dict[str, dict[str, list]], cfg: FederatedConfig) -> list[dict]:
+    """Federated SI > FedAvg-LoRA; federated SI within the band of centralised SI; upload = the B factors' bytes."""
+    a = {m: v["accuracy"] for m, v in acc.items()}
+    out = []
+    if "fed_pshare_si" in a and "fedavg_lora" in a:
+        verdict, measured = paired(a["fed_pshare_si"], a["fedavg_lora"], True)
+        out.append(claim("federated P-ShareLoRA (SI) > FedAvg-LoRA", verdict, measured,
+                         "held-out accuracy, paired over seeds (mean difference > 2 standard errors)"))
+    if "fed_pshare_si" in a and "central_pshare_si" in a:
+        verdict, measured = within_band(a["fed_pshare_si"], a["central_pshare_si"], cfg.equivalence_band)
+        out.append(claim("federated P-ShareLoRA (SI) matches centralised P-ShareLoRA (SI)", verdict, measured,
+                         f"held-out accuracy, paired over seeds: mean difference ± 2 SE within ±{cfg.equivalence_band}"
+                         f" (band fixed before running); same steps per user ({cfg.rounds} x {cfg.local_steps})"))
+    exact = {m: v["upload_byte_exact"] for m, v in acc.items() if "upload_byte_exact" in v}
+    if exact:
+        ok = all(all(v) for v in exact.values())
+        out.append(claim("the upload per round is exactly the shared B factors' bytes", "reproduced" if ok else
+                         "not reproduced", {"byte_exact_runs": {LABELS[m]: f"{sum(v)}/{len(v)}" for m, v in
+                                                                 exact.items()},
+                                            "upload_array_bytes": acc[next(iter(exact))]["upload_array_bytes"][0]},
+                         "every personal-phase round: ledger upload = sum over sampled clients of the wire size of "
+                         "a Message holding every layer's B and the sample count (built from shapes)"))
+    return out
+
+
+def table(acc: dict[str, dict[str, list]], methods: list[str]) -> str:
+    """Markdown table: mean ± std over seeds, one row per method."""
+    lines = ["Federated comparison (mean ± std over seeds):", "", "| method | " + " | ".join(COLUMNS) + " |",
+             "|---|" + "---|" * len(COLUMNS)]
+    for m in methods:
+        cells = [f"{np.mean(acc[m][c]):.4g} ± {round(float(np.std(acc[m][c])), 6):.2g}" for c in COLUMNS]
+        lines.append(f"| {LABELS[m]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def federated_part(cfg: FederatedConfig, seeds: list[int], run_dir: RunDir, progress: bool) -> Part:
+    """Every method on the same data per seed: records, claims, table, the first seed's ledgers and an accuracy plot."""
+    unknown = [m for m in cfg.methods if m not in FEDERATED and m not in CENTRAL]
+    if unknown:
+        raise ValueError(f"unknown methods {unknown}; known: {', '.join((*FEDERATED, *CENTRAL))}")
+    acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    records, ledgers = [], {}
+    for seed in seeds:
+        problem = generate(cfg.problem, seed)
+        truth = problem[0]
+        max_norm = cfg.norm_slack * float(truth.delta.flatten(1).norm(dim=1).max()) if cfg.norm_projection else None
+        for method in cfg.methods:
+            if method in CENTRAL:
+                res = run_central(CENTRAL[method], cfg, seed, problem, max_norm)
+            else:
+                res, result, _ = run_federated(method, cfg, seed, problem, max_norm, progress)
+                if seed == seeds[0]:
+                    ledgers[method] = result.ledger
+            records.append({"experiment": "federated", "method": method, "seed": seed, **res})
+            for key, value in res.items():
+                acc[method][key].append(value)
+            if progress:
+                print(f"federated {method} seed {seed}: accuracy {res['accuracy']:.4f}", file=sys.stderr)
+    run_dir.write_ledgers(ledgers)
+    plot(run_dir, acc, cfg)
+    metrics = {LABELS[m]: {c: round(float(np.mean(acc[m][c])), 4) for c in (*COLUMNS, "up_bytes_total",
+                                                                          "down_bytes_total")} for m in cfg.methods}
+    return Part(claims_for(acc, cfg), records, {"federated": metrics}, notes(acc, cfg))
+
+
+def notes(acc: dict[str, dict[str, list]], cfg: FederatedConfig) -> list[str]:
+    """The table and what the byte columns mean."""
+    p = cfg.problem
+    return [table(acc, cfg.methods),
+            f"Federated part: d1 = {p.d1}, d2 = {p.d2}, N = {p.users} users as clients, k = {p.k}, rho = {p.rho}, "
+            f"N_p = {p.n_train}; {cfg.rounds} rounds x H = {cfg.local_steps} local {cfg.optimizer} steps (lr {cfg.lr}, "
+            f"fresh optimiser each round), a fraction {cfg.fraction:g} of the clients per round; the centralised "
+            f"methods take {cfg.rounds * cfg.local_steps} Adam steps on the pooled data (with fraction < 1 a federated "
+            "user takes fewer steps on average).",
+            "Bytes are wire bytes from the simulator's ledger (safetensors with header and metadata), all clients "
+            "together; personal_bytes_on_clients: the private factors that never left the clients at the end. For "
+            "the centralised rows up_bytes_total is the one-off upload of the raw pairs (float32 features) that "
+            "pooling the data would need."]
+
+
+def plot(run_dir: RunDir, acc: dict[str, dict[str, list]], cfg: FederatedConfig) -> None:
+    """Held-out accuracy by round (mean over seeds); centralised methods as flat lines at their final accuracy."""
+    series = {}
+    for m, v in acc.items():
+        if "accuracy_by_round" in v:
+            rounds = sorted(v["accuracy_by_round"][0])
+            series[LABELS[m]] = (rounds, [float(np.mean([run[r] for run in v["accuracy_by_round"]])) for r in rounds])
+        else:
+            series[LABELS[m]] = ([0, cfg.rounds], [float(np.mean(v["accuracy"]))] * 2)
+    line_plot(run_dir.path / "plots" / "federated_accuracy.png", series, "round", "held-out accuracy",
+              "federated P-ShareLoRA vs baselines")
