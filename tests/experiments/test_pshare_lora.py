@@ -11,7 +11,8 @@ from .toy import run_twice
 TOY = ["seeds=[0, 1]", "problem.users=4", "problem.n_train=30", "problem.n_test=100", "train.steps=20",
        "sweep.n_train=[15, 30, 60]", "sweep.methods=[global, local, pshare_si, full]", "sweep.users=[2, 4]",
        "sweep.spectrum_decay=[0.5, 1]", "sweep.tail=[0, 1]", "sweep.tail_n_train=[15, 60]", "bandit.prompts=6",
-       "bandit.candidates=4", "bandit.n_train=[10, 20]", "bandit.train.steps=20", "bandit.iters=50", "--no-progress"]
+       "bandit.candidates=4", "bandit.n_train=[10, 20]", "bandit.train.steps=20", "bandit.iters=50",
+       "federated.rounds=3", "federated.local_steps=2", "federated.eval_every=3", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -28,10 +29,10 @@ def test_claims_table_and_plots_are_written(toy_runs):
     names = [c["name"] for c in summary["claims"]]
     assert names[:4] == ["P-ShareLoRA (G) >= P-ShareLoRA (SI)", "P-ShareLoRA (WU) >= P-ShareLoRA (SI)",
                          "P-ShareLoRA (SI) > LoRA-global", "P-ShareLoRA (SI) > LoRA-local"]
-    assert len(names) == 15 + 2 + 2 + 1 and any(n.startswith("dist(B^, B°)") for n in names)
+    assert len(names) == 15 + 2 + 2 + 1 + 3 and any(n.startswith("dist(B^, B°)") for n in names)
     for sweep_claim in ("falls as N^-1/2 with more users", "grows as nu falls", "A tail flattens",
                         "Pairs needed for a target accuracy", "full per-user matrices beat", "lowest value gap",
-                        "lowers the value gap"):
+                        "lowers the value gap", "federated P-ShareLoRA (SI) > FedAvg-LoRA", "exactly the shared B"):
         assert any(sweep_claim in n for n in names), sweep_claim
     assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
     assert all(c["measured"] for c in summary["claims"])

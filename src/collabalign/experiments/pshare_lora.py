@@ -14,6 +14,7 @@ import numpy as np
 from collabalign.config import Strict
 from collabalign.experiments.pshare_lora_bandit import BanditConfig, bandit_part
 from collabalign.experiments.pshare_lora_claims import ordering_claims, table
+from collabalign.experiments.pshare_lora_federated import FederatedConfig, federated_part
 from collabalign.experiments.pshare_lora_sweeps import SweepConfig, problems, sweep_part
 from collabalign.methods.pshare_lora import LABELS, METHODS
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig, evaluate, fit_model, generate
@@ -30,6 +31,7 @@ class Config(Strict):
     methods: list[str] = list(METHODS)
     sweep: SweepConfig = SweepConfig()
     bandit: BanditConfig = BanditConfig()  # spec §8.3, on the main problem's truth
+    federated: FederatedConfig = FederatedConfig()  # users as clients, on the main problem
     workers: int = 1  # processes for the independent fits (each fit is seeded on its own: results do not change)
 
 
@@ -80,11 +82,13 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     parts = [sweeps]
     if cfg.bandit.run:
         parts.append(bandit_part(cfg.bandit, cfg.problem, cfg.seeds, run_dir, progress))
+    if cfg.federated.run:
+        parts.append(federated_part(cfg.federated, cfg.problem, cfg.seeds, run_dir, progress))
     metrics = {"main": {LABELS[m]: {k: round(float(np.mean(v[k])), 4) for k in ("accuracy", "param_error",
                                                                                "subspace_dist")}
                         for m, v in acc.items()}, "diversity": diversity, **sweeps.metrics}
-    if cfg.bandit.run:
-        metrics["bandit"] = parts[1].metrics
+    for part in parts[1:]:
+        metrics |= part.metrics
     p = cfg.problem
     notes = [table(acc, cfg.methods, diversity["oracle_accuracy"]),
              f"Truth: nu = {diversity['nu']}, Sigma_tail = {diversity['sigma_tail']}; d1 = {p.d1}, d2 = {p.d2}, "

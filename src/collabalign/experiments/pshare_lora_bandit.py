@@ -256,4 +256,4 @@ def summarise(cfg: BanditConfig, records: list[dict], run_dir: RunDir) -> Part:
              f"steps per estimator, {cfg.iters} exponentiated-gradient iterations per policy. The confidence set is a "
              "Frobenius ball around Delta^_i (eq. 3.4): its penalty sqrt(zeta) ||M_pi||_F does not know which "
              "candidates the data cover, so zeta > 0 pulls the policy towards mu_ref on every prompt alike."]
-    return Part(claims=claims + more, records=records, metrics=metrics, notes=notes)
+    return Part(claims=claims + more, records=records, metrics={"bandit": metrics}, notes=notes)

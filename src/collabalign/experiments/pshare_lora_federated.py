@@ -17,7 +17,6 @@ from collabalign.experiments.pshare_lora_claims import paired
 from collabalign.federation import SimulationResult, simulate
 from collabalign.federation.simulator import sample_clients
 from collabalign.lora import lora_layers
-from collabalign.methods.pshare_lora import prepare, schedule, train
 from collabalign.methods.pshare_lora.federated import (
     FedAvgLoRA,
     FederatedLoRA,
@@ -27,7 +26,15 @@ from collabalign.methods.pshare_lora.federated import (
     personal_bytes,
     user_data,
 )
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, Truth, evaluate, generate, model_for
+from collabalign.methods.pshare_lora.synthetic import (
+    ProblemConfig,
+    TrainConfig,
+    Truth,
+    evaluate,
+    fit_model,
+    generate,
+    model_for,
+)
 from collabalign.methods.pshare_lora.train import Prefs
 from collabalign.report import line_plot
 from collabalign.runs import Part, RunDir, claim
@@ -45,7 +52,6 @@ COLUMNS = ("accuracy", "param_error", "subspace_dist", "up_bytes_per_round", "do
 
 class FederatedConfig(Strict):
     run: bool = False
-    problem: ProblemConfig = ProblemConfig()  # the §8.1 defaults, N_p = 100
     rounds: int = 150
     local_steps: int = 10  # H; the centralised methods get rounds * H full steps, the same per user
     lr: float = 0.02
@@ -62,9 +68,9 @@ class FederatedConfig(Strict):
     eval_every: int = 10
 
 
-def build(method: str, cfg: FederatedConfig, truth: Truth, max_norm: float | None) -> FederatedLoRA:
+def build(method: str, cfg: FederatedConfig, p: ProblemConfig, truth: Truth, max_norm: float | None) -> FederatedLoRA:
     """The federated algorithm `method` on the bilinear model of `truth`."""
-    model_fn = partial(model_for, truth, cfg.problem.k, cfg.problem.depth)
+    model_fn = partial(model_for, truth, p.k, p.depth)
     local = LocalSteps(cfg.local_steps, cfg.lr, cfg.optimizer, cfg.batch_size)
     if method == "fed_pshare_si":
         return FederatedPShareLoRA(model_fn, local, max_norm=max_norm)
@@ -79,25 +85,26 @@ def build(method: str, cfg: FederatedConfig, truth: Truth, max_norm: float | Non
     raise ValueError(f"unknown federated method {method!r}; known: {', '.join((*FEDERATED, *CENTRAL))}")
 
 
-def expected_upload(truth: Truth, cfg: FederatedConfig, seed: int, clients: dict[str, Any], personal_from: int,
-                    ) -> dict[int, int]:
+def expected_upload(truth: Truth, cfg: FederatedConfig, p: ProblemConfig, seed: int, clients: dict[str, Any],
+                    personal_from: int) -> dict[int, int]:
     """Upload bytes per round if each sampled client sends exactly every layer's B (zeros of B's shape: the wire
     size depends on shapes only) and its sample count, from round `personal_from` on: built from the model's
     shapes and the simulator's sampling, not from the algorithm's messages."""
     shared = {f"{name}.B": np.zeros(tuple(layer.B.shape), np.float32)
-              for name, layer in lora_layers(model_for(truth, cfg.problem.k, cfg.problem.depth)).items()}
+              for name, layer in lora_layers(model_for(truth, p.k, p.depth)).items()}
     ids = list(clients)
     return {r: sum(Message(shared, {"n": len(clients[cid]["train"])}).nbytes
                    for cid in sample_clients(Seeds(seed), r, ids, cfg.fraction))
             for r in range(personal_from, cfg.rounds + 1)}
 
 
-def run_federated(method: str, cfg: FederatedConfig, seed: int, problem: tuple[Truth, Prefs, Prefs],
-                  max_norm: float | None, progress: bool) -> tuple[dict, SimulationResult, FederatedLoRA]:
+def run_federated(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int,
+                  problem: tuple[Truth, Prefs, Prefs], max_norm: float | None,
+                  progress: bool) -> tuple[dict, SimulationResult, FederatedLoRA]:
     """Simulates `method` and measures it with the centralised metrics on a centralised-shaped model."""
     truth, data, test = problem
-    algorithm = build(method, cfg, truth, max_norm)
-    clients = user_data(data, test, cfg.problem.users)
+    algorithm = build(method, cfg, p, truth, max_norm)
+    clients = user_data(data, test, p.users)
     result = simulate(algorithm, clients, cfg.rounds, seed, cfg.fraction, cfg.eval_every, progress=progress,
                       label=f"{method} seed {seed}")
     res = evaluate(algorithm.assemble(result.state, result.clients, cfg.rounds), truth, test)
@@ -109,20 +116,18 @@ def run_federated(method: str, cfg: FederatedConfig, seed: int, problem: tuple[T
                 "upload_array_bytes": sum(result.state["params"][n].nbytes for n in algorithm.shared),
                 "accuracy_by_round": {m["round"]: round(m["accuracy"], 4) for m in result.metrics}})
     if method.startswith("fed_pshare"):
-        want = expected_upload(truth, cfg, seed, clients, algorithm.global_rounds + 1)
+        want = expected_upload(truth, cfg, p, seed, clients, algorithm.global_rounds + 1)
         res["upload_byte_exact"] = all(per_round[r]["up"] == b for r, b in want.items())
     return res, result, algorithm
 
 
-def run_central(method: str, cfg: FederatedConfig, seed: int, problem: tuple[Truth, Prefs, Prefs],
-                max_norm: float | None) -> dict:
+def run_central(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int,
+                problem: tuple[Truth, Prefs, Prefs]) -> dict:
     """The centralised `method` (pshare_si / global) with rounds * H steps on the pooled data of the same seed."""
     truth, data, test = problem
-    net = model_for(truth, cfg.problem.k, cfg.problem.depth)
-    g = Seeds(seed).torch(f"train-{method}")
-    prepare(net, method, cfg.problem.users, g)
-    phases = schedule(method, cfg.problem.depth, cfg.rounds * cfg.local_steps, cfg.lr)
-    train(net, data, phases, cfg.problem.users, cfg.batch_size * cfg.problem.users, g, max_norm)
+    tc = TrainConfig(steps=cfg.rounds * cfg.local_steps, lr=cfg.lr, batch_size=cfg.batch_size * p.users,
+                     norm_projection=cfg.norm_projection, norm_slack=cfg.norm_slack)
+    net, _ = fit_model(truth, data, p, tc, method, Seeds(seed).torch(f"train-{method}"))
     raw = 2 * data.chosen.numel() * data.chosen.element_size()
     return {**evaluate(net, truth, test), "up_bytes_total": raw, "down_bytes_total": 0, "up_bytes_per_round": 0.0,
             "down_bytes_per_round": 0.0, "personal_bytes_on_clients": 0}
@@ -174,7 +179,7 @@ def table(acc: dict[str, dict[str, list]], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
-def federated_part(cfg: FederatedConfig, seeds: list[int], run_dir: RunDir, progress: bool) -> Part:
+def federated_part(cfg: FederatedConfig, p: ProblemConfig, seeds: list[int], run_dir: RunDir, progress: bool) -> Part:
     """Every method on the same data per seed: records, claims, table, the first seed's ledgers and an accuracy plot."""
     unknown = [m for m in cfg.methods if m not in FEDERATED and m not in CENTRAL]
     if unknown:
@@ -182,14 +187,14 @@ def federated_part(cfg: FederatedConfig, seeds: list[int], run_dir: RunDir, prog
     acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     records, ledgers = [], {}
     for seed in seeds:
-        problem = generate(cfg.problem, seed)
+        problem = generate(p, seed)
         truth = problem[0]
         max_norm = cfg.norm_slack * float(truth.delta.flatten(1).norm(dim=1).max()) if cfg.norm_projection else None
         for method in cfg.methods:
             if method in CENTRAL:
-                res = run_central(CENTRAL[method], cfg, seed, problem, max_norm)
+                res = run_central(CENTRAL[method], cfg, p, seed, problem)
             else:
-                res, result, _ = run_federated(method, cfg, seed, problem, max_norm, progress)
+                res, result, _ = run_federated(method, cfg, p, seed, problem, max_norm, progress)
                 if seed == seeds[0]:
                     ledgers[method] = result.ledger
             records.append({"experiment": "federated", "method": method, "seed": seed, **res})
@@ -201,12 +206,11 @@ def federated_part(cfg: FederatedConfig, seeds: list[int], run_dir: RunDir, prog
     plot(run_dir, acc, cfg)
     metrics = {LABELS[m]: {c: round(float(np.mean(acc[m][c])), 4) for c in (*COLUMNS, "up_bytes_total",
                                                                           "down_bytes_total")} for m in cfg.methods}
-    return Part(claims_for(acc, cfg), records, {"federated": metrics}, notes(acc, cfg))
+    return Part(claims_for(acc, cfg), records, {"federated": metrics}, notes(acc, cfg, p))
 
 
-def notes(acc: dict[str, dict[str, list]], cfg: FederatedConfig) -> list[str]:
+def notes(acc: dict[str, dict[str, list]], cfg: FederatedConfig, p: ProblemConfig) -> list[str]:
     """The table and what the byte columns mean."""
-    p = cfg.problem
     return [table(acc, cfg.methods),
             f"Federated part: d1 = {p.d1}, d2 = {p.d2}, N = {p.users} users as clients, k = {p.k}, rho = {p.rho}, "
             f"N_p = {p.n_train}; {cfg.rounds} rounds x H = {cfg.local_steps} local {cfg.optimizer} steps (lr {cfg.lr}, "

@@ -229,11 +229,12 @@ def test_evaluate_equals_the_centralised_metrics_of_the_assembled_model():
 
 @pytest.fixture(scope="module")
 def toy_part(tmp_path_factory):
-    cfg = FederatedConfig(problem=ProblemConfig(users=3, n_train=20, n_test=60), rounds=6, local_steps=2,
-                          eval_every=3, methods=["fed_pshare_si", "fed_pshare_g", "fedavg_lora", "fed_local",
-                                                 "central_pshare_si", "central_global"])
+    problem = ProblemConfig(users=3, n_train=20, n_test=60)
+    cfg = FederatedConfig(rounds=6, local_steps=2, eval_every=3,
+                          methods=["fed_pshare_si", "fed_pshare_g", "fedavg_lora", "fed_local", "central_pshare_si",
+                                   "central_global"])
     out = [tmp_path_factory.mktemp("fed") for _ in range(2)]
-    return out, [federated_part(cfg, [0, 1], RunDir(path), progress=False) for path in out]
+    return out, [federated_part(cfg, problem, [0, 1], RunDir(path), progress=False) for path in out]
 
 
 def test_toy_federated_part_writes_its_claims(toy_part):
