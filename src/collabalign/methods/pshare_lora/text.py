@@ -1,0 +1,149 @@
+"""The P-ShareLoRA text reward model (spec §8.4): a MiniLM-style encoder with LoRA on `query` and `key` of its top
+blocks, the frozen blocks below run once per text and cached, mean pooling and a scalar score head that is shared
+(global, P-ShareLoRA, share-A) or one per user (LoRA-local, Share Rep; spec §9.5), routed per sample like the LoRA
+factors. The model's input is a tensor of row indices into the cached texts, so `Prefs(users, chosen_rows,
+rejected_rows)` trains with the method-agnostic `prepare / schedule / train` unchanged."""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from collabalign.lora.inject import inject_lora, lora_layers, routed
+from collabalign.methods.pshare_lora.train import Prefs, prepare, schedule, train
+from collabalign.models.backbones import Backbone
+from collabalign.models.pooled import PooledModel, Tokens, layer_stack, tokenize, top_block_targets
+from collabalign.models.reward import pair_correct
+from collabalign.seeding import Seeds
+
+TARGETS = ("query", "key")
+PER_USER_HEAD = ("local", "share_rep")
+
+
+@dataclass
+class FeatureCache:
+    """Tokens of every text and the hidden states entering block `split` (frozen below), computed once."""
+
+    tokens: Tokens
+    features: Tensor
+    split: int
+
+
+def encode(backbone: Backbone, texts: Sequence[str], max_length: int, lora_blocks: int,
+           second: Sequence[str] | None = None, truncation_side: str = "left") -> FeatureCache:
+    """Tokenises the texts (or text pairs) and runs the frozen blocks below the top `lora_blocks` once."""
+    pooled = PooledModel(backbone.model, backbone.causal, 1)  # only its frozen lower blocks run, without grad
+    split = len(layer_stack(pooled.backbone)[1]) - lora_blocks
+    tokens = tokenize(backbone.tokenizer, texts, max_length, second, truncation_side)
+    return FeatureCache(tokens, pooled.lower_features(tokens, split), split)
+
+
+class RoutedHead(nn.Module):
+    """Score head w . h + b: one (w, b) for everyone, or one per user picked by the per-sample user index that
+    `routed` gave the model's LoRA layers (the model passes it on), so a mixed-user batch is one forward."""
+
+    def __init__(self, hidden: int, n_users: int | None, generator: torch.Generator):
+        super().__init__()
+        rows = 1 if n_users is None else n_users
+        self.per_user = n_users is not None
+        self.weight = nn.Parameter(torch.randn(rows, hidden, generator=generator) / hidden ** 0.5)
+        self.bias = nn.Parameter(torch.zeros(rows))
+        self.party: Tensor | int | None = None
+
+    def forward(self, x: Tensor) -> Tensor:
+        if not self.per_user:
+            return x @ self.weight.T + self.bias
+        if self.party is None:
+            raise ValueError("per-user score head but no user was routed (use routed(model, users))")
+        return ((x * self.weight[self.party]).sum(-1) + self.bias[self.party]).unsqueeze(-1)  # int or (N,) party
+
+
+class TextRewardModel(nn.Module):
+    """r_i(text row) with LoRA (rank, alpha, dropout) on `query`/`key` of the top blocks above `cache.split`."""
+
+    def __init__(self, backbone: Backbone, cache: FeatureCache, rank: int, alpha: float, dropout: float,
+                 n_users: int, per_user_head: bool, generator: torch.Generator):
+        super().__init__()
+        pooled = PooledModel(copy.deepcopy(backbone.model), backbone.causal, 1, generator)  # the caller's stays bare
+        n_blocks = len(layer_stack(pooled.backbone)[1])
+        inject_lora(pooled.backbone, top_block_targets(pooled.backbone, n_blocks - cache.split, TARGETS), rank,
+                    alpha, dropout=dropout)
+        pooled.head = RoutedHead(pooled.head.in_features, n_users if per_user_head else None, generator)
+        self.pooled, self.cache = pooled, cache  # the cache is a plain attribute: shared, not in state_dict
+        self.lora = tuple(lora_layers(pooled).values())  # a tuple, so not registered twice as submodules
+
+    def forward(self, rows: Tensor) -> Tensor:
+        self.pooled.head.party = self.lora[0].party
+        tokens = self.cache.tokens[rows].trimmed()
+        features = self.cache.features[rows, : tokens.input_ids.shape[1]]
+        return self.pooled(tokens, features, self.cache.split).squeeze(-1)
+
+    def lora_dropout(self, on: bool) -> None:
+        """Eval mode everywhere (the backbone's own dropout stays off, as in the paper's models), LoRA dropout `on`."""
+        self.eval()
+        for layer in self.lora:
+            layer.dropout.train(on)
+
+
+def share_rep_fraction(n_blocks: int, lora_blocks: int, per_block: int, frozen_fraction: float = 0.7) -> float:
+    """The `schedule(shared_fraction=...)` that freezes exactly the LoRA layers lying in the bottom
+    floor(frozen_fraction * n_blocks) transformer blocks (schedule counts LoRA layers, bottom to top, not blocks)."""
+    frozen = max(0, math.floor(frozen_fraction * n_blocks) - (n_blocks - lora_blocks)) * per_block
+    return (frozen + 0.5) / (lora_blocks * per_block) if frozen else 0.0
+
+
+@dataclass(frozen=True)
+class TextTraining:
+    """What one text run trains with (spec §8.4)."""
+
+    rank: int = 8
+    alpha: float = 4.0
+    dropout: float = 0.05
+    batch_size: int = 32
+    epochs: float = 3.0
+    lr: float = 1e-3
+    linear: bool = True
+    global_fraction: float = 2 / 3
+    warmup_fraction: float = 0.1
+    frozen_fraction: float = 0.7
+
+
+def fit(backbone: Backbone, cache: FeatureCache, data: Prefs, test: Prefs, method: str, n_users: int,
+        tc: TextTraining, seed: int) -> dict:
+    """Trains `method` for `epochs` passes' worth of steps and returns held-out accuracy (overall, per user)."""
+    g = Seeds(seed).torch(f"text-{method}")
+    model = TextRewardModel(backbone, cache, tc.rank, tc.alpha, tc.dropout, n_users, method in PER_USER_HEAD, g)
+    prepare(model, method, n_users, g)
+    steps = max(1, round(tc.epochs * math.ceil(len(data) / tc.batch_size)))
+    n_blocks = len(layer_stack(model.pooled.backbone)[1])
+    fraction = share_rep_fraction(n_blocks, n_blocks - cache.split, len(TARGETS), tc.frozen_fraction)
+    phases = schedule(method, len(model.lora), steps, tc.lr, tc.linear, tc.global_fraction, tc.warmup_fraction,
+                      fraction)
+    Seeds(seed).init_torch(f"dropout-{method}")  # LoRA dropout draws from torch's global generator
+    model.lora_dropout(True)
+    losses = train(model, data, phases, n_users, tc.batch_size, g)
+    model.lora_dropout(False)
+    return {**evaluate(model, test, n_users), "train_loss": round(losses[-1], 6), "steps": steps}
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, test: Prefs, n_users: int, batch_size: int = 128) -> dict:
+    """Held-out accuracy per user (each user's own model; ties 0.5) and its mean over users."""
+    right = []
+    for start in range(0, len(test), batch_size):
+        batch = test[torch.arange(start, min(start + batch_size, len(test)))]
+        with routed(model, torch.cat([batch.users, batch.users])):
+            r = model(torch.cat([batch.chosen, batch.rejected]))
+        right.append(pair_correct(r[: len(batch)], r[len(batch):]))
+    per_user = per_user_mean(test.users, torch.cat(right), n_users)
+    return {"accuracy": round(float(per_user.mean()), 6), "accuracy_per_user": [round(float(a), 4) for a in per_user]}
+
+
+def per_user_mean(users: Tensor, values: Tensor, n_users: int) -> Tensor:
+    """Mean of `values` over each user's samples (float64)."""
+    return torch.bincount(users, values.double(), n_users) / torch.bincount(users, minlength=n_users)
