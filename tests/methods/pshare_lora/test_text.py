@@ -151,13 +151,14 @@ def test_hh_reply_attributes_and_pairs(backbone, hh_dir):
         hh_pairs(turns, replies, attrs, 2, 13, 3, seed=0)
 
 
-TOY = TextConfig(run=True, users=3, n_train=8, n_test=4, epochs=1, batch_size=8, max_length=40, rank=2,
+TOY = TextConfig(run=True, seeds=[0, 1], users=3, n_train=8, n_test=4, epochs=1, batch_size=8, max_length=40, rank=2,
                  methods=["global", "local", "share_rep", "pshare_si", "pshare_g"])
 
 
 def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_dir, tmp_path):
-    parts = [text_part(TOY, [0, 1], RunDir(tmp_path / f"run{k}"), False, backbone) for k in range(2)]
+    parts = [text_part(TOY, [7], RunDir(tmp_path / f"run{k}"), False, backbone) for k in range(2)]
     assert parts[0].records == parts[1].records
+    assert {r["seed"] for r in parts[0].records} == {0, 1}  # the text seeds override the experiment's
     assert len(parts[0].records) == 2 * 5 * 2  # sources x methods x seeds
     names = [c["name"] for c in parts[0].claims]
     assert "TL;DR-like: P-ShareLoRA (SI) > LoRA-global" in names and "HH-RLHF: P-ShareLoRA (SI) > LoRA-local" in names

@@ -106,7 +106,7 @@ class TextTraining:
     dropout: float = 0.05
     batch_size: int = 32
     epochs: float = 3.0
-    lr: float = 1e-3
+    lr: float = 3e-3
     linear: bool = True
     global_fraction: float = 2 / 3
     warmup_fraction: float = 0.1
