@@ -12,11 +12,11 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from collabalign.data.tldr_like import generate
 from collabalign.experiments.pshare_lora_text import HH_FILE, TextConfig, text_part
-from collabalign.lora import routed
+from collabalign.lora import lora_layers, routed
 from collabalign.methods.pshare_lora import Prefs, pair_loss, prepare, schedule, train
 from collabalign.methods.pshare_lora.hh_pairs import HH_ATTRIBUTES, hh_pairs, hh_texts, reply_vector
 from collabalign.methods.pshare_lora.text import TextRewardModel, encode, share_rep_fraction
-from collabalign.models.backbones import MINILM_PACKAGE, Backbone, package_dir
+from collabalign.models.backbones import MINILM_PACKAGE, Backbone, minilm_l6, package_dir
 from collabalign.runs import RunDir
 
 
@@ -52,6 +52,22 @@ def test_cached_lower_blocks_give_the_full_forward(backbone, cache):
         torch.testing.assert_close(model(rows), full, atol=1e-5, rtol=1e-5)
     assert cache.split == 4
     assert len(model.lora) == 4  # query and key of blocks 4 and 5, bottom to top
+
+
+@pytest.mark.real
+def test_real_minilm_gets_lora_on_query_and_key_of_its_top_two_blocks_and_caches_exactly():
+    real = minilm_l6()
+    texts = generate(1, 2, 0, seed=0).texts
+    real_cache = encode(real, texts, 96, lora_blocks=2)
+    model = TextRewardModel(real, real_cache, 8, 4.0, 0.05, 1, False, torch.Generator().manual_seed(0))
+    assert sorted(lora_layers(model.pooled.backbone)) == [f"encoder.layer.{b}.attention.self.{t}" for b in (4, 5)
+                                                         for t in ("key", "query")]
+    assert real_cache.features.shape[:2] == real_cache.tokens.input_ids.shape and real_cache.split == 4
+    nonzero_lora(model)
+    model.lora_dropout(False)
+    rows = torch.arange(len(texts))
+    with routed(model, 0):
+        torch.testing.assert_close(model(rows), model.pooled(real_cache.tokens).squeeze(-1), atol=1e-4, rtol=1e-4)
 
 
 def test_per_user_head_is_routed_per_sample_in_one_forward(backbone, cache):
