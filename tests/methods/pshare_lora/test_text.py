@@ -13,7 +13,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 from collabalign.data.tldr_like import generate
 from collabalign.experiments.pshare_lora_text import HH_FILE, TextConfig, text_part
 from collabalign.lora import lora_layers, routed
-from collabalign.methods.pshare_lora import Prefs, pair_loss, prepare, schedule, train
+from collabalign.methods.pshare_lora import Prefs, configure, pair_loss, prepare, schedule, train
 from collabalign.methods.pshare_lora.hh_pairs import HH_ATTRIBUTES, hh_pairs, hh_texts, reply_vector
 from collabalign.methods.pshare_lora.text import TextRewardModel, encode, share_rep_fraction
 from collabalign.models.backbones import MINILM_PACKAGE, Backbone, minilm_l6, package_dir
@@ -81,6 +81,15 @@ def test_per_user_head_is_routed_per_sample_in_one_forward(backbone, cache):
     with routed(model, torch.tensor([0, 1])):
         same_text = model(torch.tensor([7, 7]))
     assert same_text[0] != same_text[1]  # each user its own head
+
+
+def test_per_user_head_follows_the_blockwise_layout_of_full_batch_training(backbone, cache):
+    model = model_for(backbone, cache, per_user_head=True)
+    nonzero_lora(model)
+    for layer in model.lora:
+        configure(layer, "user", "shared", 3)
+    data = Prefs(torch.arange(3).repeat_interleave(2), torch.arange(0, 12, 2), torch.arange(1, 12, 2))
+    torch.testing.assert_close(pair_loss(model, data, data.blocks(3)), pair_loss(model, data))
 
 
 def model_scores(model, rows, user):

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from collabalign.lora.inject import inject_lora, lora_layers, routed
+from collabalign.lora.layer import Blocks, Party
 from collabalign.methods.pshare_lora.train import Prefs, prepare, schedule, train
 from collabalign.models.backbones import Backbone
 from collabalign.models.pooled import PooledModel, Tokens, layer_stack, tokenize, top_block_targets
@@ -53,14 +54,18 @@ class RoutedHead(nn.Module):
         self.per_user = n_users is not None
         self.weight = nn.Parameter(torch.randn(rows, hidden, generator=generator) / hidden ** 0.5)
         self.bias = nn.Parameter(torch.zeros(rows))
-        self.party: Tensor | int | None = None
+        self.party: Party = None
 
     def forward(self, x: Tensor) -> Tensor:
         if not self.per_user:
             return x @ self.weight.T + self.bias
         if self.party is None:
             raise ValueError("per-user score head but no user was routed (use routed(model, users))")
-        return ((x * self.weight[self.party]).sum(-1) + self.bias[self.party]).unsqueeze(-1)  # int or (N,) party
+        party = self.party
+        if isinstance(party, Blocks):  # rows in equal per-party blocks (full-batch training): expand to rows
+            party = torch.arange(party.parties).repeat_interleave(len(x) // (party.parties * party.repeats))
+            party = party.repeat(self.party.repeats)
+        return ((x * self.weight[party]).sum(-1) + self.bias[party]).unsqueeze(-1)  # int or (N,) party
 
 
 class TextRewardModel(nn.Module):
