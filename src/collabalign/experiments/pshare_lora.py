@@ -16,9 +16,10 @@ from collabalign.experiments.pshare_lora_bandit import BanditConfig, bandit_part
 from collabalign.experiments.pshare_lora_claims import ordering_claims, table
 from collabalign.experiments.pshare_lora_federated import FederatedConfig, federated_part
 from collabalign.experiments.pshare_lora_sweeps import SweepConfig, problems, sweep_part
+from collabalign.experiments.pshare_lora_text import TextConfig, text_part
 from collabalign.methods.pshare_lora import LABELS, METHODS
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig, evaluate, fit_model, generate
-from collabalign.runs import RunDir
+from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
 TITLE = "P-ShareLoRA: personalised reward models sharing a low-rank factor (synthetic)"
@@ -32,6 +33,7 @@ class Config(Strict):
     sweep: SweepConfig = SweepConfig()
     bandit: BanditConfig = BanditConfig()  # spec §8.3, on the main problem's truth
     federated: FederatedConfig = FederatedConfig()  # users as clients, on the main problem
+    text: TextConfig = TextConfig()  # spec §8.4: MiniLM reward models on TL;DR-like and HH-RLHF text
     workers: int = 1  # processes for the independent fits (each fit is seeded on its own: results do not change)
 
 
@@ -61,8 +63,8 @@ def _fit(args: tuple[ProblemConfig, TrainConfig, str, int]) -> dict:
     return fit(*args)
 
 
-def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
-    """Main comparison over seeds and the theory sweeps (one pool of fits), then claims, tables and plots."""
+def synthetic_part(cfg: Config, run_dir: RunDir, progress: bool) -> Part:
+    """Main comparison over seeds and the theory sweeps (one pool of fits): records, claims, table, notes, plots."""
     sweep_seeds = cfg.sweep.seeds or cfg.seeds
     points = [p for pts in problems(cfg.sweep, cfg.problem).values() for _, p in pts]
     jobs = [(cfg.problem, m, s) for m in cfg.methods for s in cfg.seeds]
@@ -79,25 +81,31 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     first = acc[cfg.methods[0]]
     diversity = {k: round(float(np.mean(first[k])), 4) for k in ("nu", "sigma_tail", "bias_mean", "oracle_accuracy")}
     sweeps = sweep_part(cfg.sweep, cfg.problem, sweep_seeds, results, diversity["oracle_accuracy"], run_dir)
-    parts = [sweeps]
-    if cfg.bandit.run:
-        parts.append(bandit_part(cfg.bandit, cfg.problem, cfg.seeds, run_dir, progress))
-    if cfg.federated.run:
-        parts.append(federated_part(cfg.federated, cfg.problem, cfg.seeds, run_dir, progress))
     metrics = {"main": {LABELS[m]: {k: round(float(np.mean(v[k])), 4) for k in ("accuracy", "param_error",
                                                                                "subspace_dist")}
                         for m, v in acc.items()}, "diversity": diversity, **sweeps.metrics}
-    for part in parts[1:]:
-        metrics |= part.metrics
     p = cfg.problem
     notes = [table(acc, cfg.methods, diversity["oracle_accuracy"]),
              f"Truth: nu = {diversity['nu']}, Sigma_tail = {diversity['sigma_tail']}; d1 = {p.d1}, d2 = {p.d2}, "
              f"N = {p.users}, k = {p.k}, rho = {p.rho}, eta = {p.tail}, N_p = {p.n_train}; {cfg.train.steps} "
-             f"full-batch Adam steps (lr {cfg.train.lr}) per method; sweeps over seeds {sweep_seeds}.",
-             *[n for part in parts for n in part.notes]]
+             f"full-batch Adam steps (lr {cfg.train.lr}) per method; sweeps over seeds {sweep_seeds}.", *sweeps.notes]
     if p.depth == 1 and "share_rep" in cfg.methods:
         notes.append("With depth 1 the model has a single LoRA layer, so Share Rep has no layer below to freeze: it is "
                      "a global phase followed by per-user factors (both A and B) on that layer.")
-    run_dir.write_metrics(records + [r for part in parts for r in part.records])
-    run_dir.write_summary(ordering_claims(acc) + [c for part in parts for c in part.claims], metrics, notes=notes,
-                          plot_metrics=[])
+    return Part(ordering_claims(acc) + sweeps.claims, records + sweeps.records, metrics, notes)
+
+
+def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
+    """The synthetic comparison and sweeps (skipped when `methods` is empty), then every enabled part: the §8.3
+    bandit, the federated variant and the text reward models."""
+    parts = [synthetic_part(cfg, run_dir, progress)] if cfg.methods else []
+    if cfg.bandit.run:
+        parts.append(bandit_part(cfg.bandit, cfg.problem, cfg.seeds, run_dir, progress))
+    if cfg.federated.run:
+        parts.append(federated_part(cfg.federated, cfg.problem, cfg.seeds, run_dir, progress))
+    if cfg.text.run:
+        parts.append(text_part(cfg.text, cfg.seeds, run_dir, progress))
+    metrics = {k: v for part in parts for k, v in part.metrics.items()}
+    run_dir.write_metrics([r for part in parts for r in part.records])
+    run_dir.write_summary([c for part in parts for c in part.claims], metrics,
+                          notes=[n for part in parts for n in part.notes], plot_metrics=[])
