@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from collabalign.cli import config_path
+from collabalign.cli import config_path, main
 
 from .toy import run_twice
 
@@ -58,8 +58,38 @@ def test_records_cover_every_method_and_seed_and_are_deterministic(toy_runs):
 
 
 def test_worker_processes_give_the_same_records(toy_runs, tmp_path):
-    from collabalign.cli import main
+
 
     quick = str(config_path("pshare-lora", quick=True))
     assert main(["run", quick, *TOY[:-1], "workers=2", "--no-progress", "--out", str(tmp_path)]) == 0
     assert (tmp_path / "metrics.jsonl").read_bytes() == (toy_runs[0] / "metrics.jsonl").read_bytes()
+
+
+def test_gpu_tldr_config_validates_and_runs_on_a_tiny_llama(tmp_path):
+    """The paper-scale TL;DR config with a tiny random Llama saved locally in place of Llama-3 8B, LoRA on q_proj /
+    k_proj of every block (no cache), on the CPU, on a TL;DR fixture in the hub's schema."""
+    from collabalign.cli import CONFIG_DIR
+    from collabalign.config import read_yaml, validate
+    from collabalign.experiments.pshare_lora import Config
+    from collabalign.models.backbones import tiny_llama
+    from tests.data.helpers import jsonl, write
+    from tests.data.test_tldr import TRAIN, VALID
+
+    path = CONFIG_DIR / "pshare_lora" / "gpu_tldr.yaml"
+    cfg = validate(Config, {k: v for k, v in read_yaml(path).items() if k != "experiment"})
+    assert (cfg.text.backbone, cfg.text.rank, cfg.text.alpha, cfg.text.targets) == (
+        "meta-llama/Meta-Llama-3-8B", 32, 16, ["q_proj", "k_proj"])
+    assert cfg.methods == [] and cfg.text.sources == ["tldr"] and cfg.text.lr == 5e-5
+    tiny = tiny_llama(num_layers=2)
+    tiny.model.save_pretrained(tmp_path / "tiny-llama")
+    tiny.tokenizer.save_pretrained(tmp_path / "tiny-llama")
+    (tmp_path / "data").mkdir()
+    write(tmp_path / "data" / "train.jsonl.gz", jsonl(*TRAIN), gz=True)
+    write(tmp_path / "data" / "validation.jsonl", jsonl(*VALID))
+    overrides = [f"text.backbone={tmp_path / 'tiny-llama'}", f"text.data_root={tmp_path / 'data'}", "text.device=cpu",
+                 "text.lora_blocks=2", "text.max_length=48", "text.batch_size=8", "text.rank=4", "text.epochs=1",
+                 "text.methods=[global, pshare_si, pshare_wu]", "--no-progress"]
+    assert main(["run", str(path), *overrides, "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["metrics"]["text_tldr"]) == {"LoRA-global", "P-ShareLoRA (SI)", "P-ShareLoRA (WU)"}
+    assert all(c["name"].startswith("Reddit TL;DR: ") for c in summary["claims"])

@@ -15,6 +15,7 @@ import torch
 from collabalign.config import Strict
 from collabalign.data.attribute_labelers import AttributePairs, calibrate_beta, describe, draw_labels, labeler_weights
 from collabalign.data.paths import shared_data_dir
+from collabalign.data.tldr import load_tldr_users, tldr_texts
 from collabalign.data.tldr_like import generate
 from collabalign.experiments.pshare_lora_claims import ordering_claims
 from collabalign.methods.pshare_lora import LABELS, METHODS, Prefs
@@ -25,25 +26,29 @@ from collabalign.models.reward import pair_correct
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
-Source = Literal["tldr_like", "hh"]
-SOURCE_NAMES = {"tldr_like": "TL;DR-like", "hh": "HH-RLHF"}
+Source = Literal["tldr_like", "hh", "tldr"]
+SOURCE_NAMES = {"tldr_like": "TL;DR-like", "hh": "HH-RLHF", "tldr": "Reddit TL;DR"}
 HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
 
 
 class TextConfig(Strict):
     run: bool = False
-    sources: list[Source] = ["tldr_like", "hh"]
+    sources: list[Source] = ["tldr_like", "hh"]  # "tldr": the real comparisons with their top labelers (spec §5)
+    data_root: str | None = None  # tldr: a folder with {train,validation}.jsonl[.gz] in the hub schema; None: the hub
     seeds: list[int] | None = None  # None: the experiment's seeds (text runs cost far more than synthetic ones)
     backbone: str = "minilm-l6"
     users: int = 5
-    n_train: int = 300  # pairs per labeler
-    n_test: int = 300
+    n_train: int = 300  # pairs per labeler (tldr: a cap; 0 = every balanced pair, 5,373 in the paper)
+    n_test: int = 300  # (tldr: 0 = 1,238 validation pairs per labeler)
     rho: float = 0.6  # agreement of the labelers' attribute weights
     tail: float = 0.0  # eta: individual deviations of the weights
     oracle_accuracy: float = 0.77  # beta is calibrated to this expected agreement with the labeler's own reward
     hh_pool: int = 0  # HH pairs used (the file's first ones); 0: all 2,312
     max_length: int = 96
-    lora_blocks: int = 2
+    truncation_side: Literal["left", "right"] = "left"  # left keeps the summary of a long post (the paper: right, 2048)
+    lora_blocks: int = 2  # the top blocks with LoRA; the ones below are cached (>= every block: no cache)
+    targets: list[str] = ["query", "key"]  # the paper's Q/K (q_proj / k_proj on Llama)
+    device: str = "cpu"
     rank: int = 8
     alpha: float = 4.0
     dropout: float = 0.05
@@ -55,7 +60,7 @@ class TextConfig(Strict):
 
     def training(self) -> TextTraining:
         return TextTraining(self.rank, self.alpha, self.dropout, self.batch_size, self.epochs, self.lr,
-                            self.linear_schedule)
+                            self.linear_schedule, device=self.device, targets=tuple(self.targets))
 
 
 def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> tuple[Prefs, Prefs, dict]:
@@ -81,21 +86,24 @@ def text_part(cfg: TextConfig, seeds: list[int], run_dir: RunDir, progress: bool
     part = Part()
     for source in cfg.sources:
         acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-        oracle, names, hh_cache = [], (), None
+        oracle, hh_cache, real = [], None, None
         for seed in seeds:
             start = time.perf_counter()
-            pairs, cache, hh_cache = source_data(source, cfg, seed, backbone, hh_cache)
-            train, test, info = labelled(pairs, cfg, source, seed)
-            oracle.append(info["oracle_per_user"])
-            if seed == seeds[0]:
-                names = pairs.names
-                part.notes.append(f"{SOURCE_NAMES[source]} labelers (seed {seed}, beta {info['beta']:.3g}; "
-                                  "attribute weights, largest first): " + "; ".join(describe(info["weights"], names)))
+            if source == "tldr":  # real labels: the same users and pairs for every seed (selected with seed 42)
+                train, test, cache = real = real or tldr_data(cfg, backbone)
+                info = {}
+            else:
+                pairs, cache, hh_cache = source_data(source, cfg, seed, backbone, hh_cache)
+                train, test, info = labelled(pairs, cfg, source, seed)
+                oracle.append(info["oracle_per_user"])
+                if seed == seeds[0]:
+                    part.notes.append(f"{SOURCE_NAMES[source]} labelers (seed {seed}, beta {info['beta']:.3g}; "
+                                      "attribute weights, largest first): "
+                                      + "; ".join(describe(info["weights"], pairs.names)))
             for method in cfg.methods:
                 res = fit(backbone, cache, train, test, method, cfg.users, cfg.training(), seed)
                 part.records.append({"experiment": "text", "source": source, "method": method, "seed": seed, **res,
-                                     "oracle_accuracy": info["oracle_accuracy"],
-                                     "oracle_per_user": info["oracle_per_user"], "beta": info["beta"]})
+                                     **{k: info[k] for k in ("oracle_accuracy", "oracle_per_user", "beta") if info}})
                 acc[method]["accuracy"].append(res["accuracy"])
                 acc[method]["per_user"].append(res["accuracy_per_user"])
                 if progress:
@@ -104,6 +112,19 @@ def text_part(cfg: TextConfig, seeds: list[int], run_dir: RunDir, progress: bool
                 print(f"text {source} seed {seed}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
         add_source(part, source, acc, np.asarray(oracle), cfg, run_dir)
     return part
+
+
+def tldr_data(cfg: TextConfig, backbone: Backbone) -> tuple[Prefs, Prefs, FeatureCache]:
+    """The real TL;DR comparisons of the top `users` labelers (balanced, seed 42 as the paper's code), their texts
+    (post + summary) encoded once: chosen / rejected of pair k are rows 2k / 2k + 1, train pairs first."""
+    train, valid, _ = load_tldr_users(cfg.data_root, cfg.users, 42, cfg.n_train or None, cfg.n_test or None)
+    pairs = [*train, *valid]
+    texts = [t for p in pairs for t in tldr_texts(p)]
+    cache = encode(backbone, texts, cfg.max_length, cfg.lora_blocks, truncation_side=cfg.truncation_side)
+    users = torch.tensor([int(p.party) for p in pairs])
+    rows = torch.arange(len(pairs))
+    prefs = Prefs(users, 2 * rows, 2 * rows + 1)
+    return prefs[rows[: len(train)]], prefs[rows[len(train):]], cache
 
 
 def source_data(source: str, cfg: TextConfig, seed: int, backbone: Backbone,
@@ -130,11 +151,14 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
     for c in ordering_claims(acc):
         part.claims.append({**c, "name": f"{name}: {c['name'].replace('; true here by construction', '')}"})
     part.metrics[f"text_{source}"] = {LABELS[m]: round(float(np.mean(v["accuracy"])), 4) for m, v in acc.items()}
-    part.metrics[f"text_{source}"]["oracle"] = round(float(oracle.mean()), 4)
+    if oracle.size:
+        part.metrics[f"text_{source}"]["oracle"] = round(float(oracle.mean()), 4)
     part.notes.append(table(name, acc, cfg.methods, oracle))
-    part.notes.append(f"{name}: {cfg.users} labelers x {cfg.n_train} train / {cfg.n_test} test pairs, rho {cfg.rho}, "
-                      f"eta {cfg.tail}, beta set for oracle accuracy {cfg.oracle_accuracy}; {cfg.backbone} with LoRA "
-                      f"(r {cfg.rank}, alpha {cfg.alpha}, dropout {cfg.dropout}) on query/key of the top "
+    labels = ("the labelers' own comparisons (top labelers by train count, balanced)" if source == "tldr" else
+              f"rho {cfg.rho}, eta {cfg.tail}, beta set for oracle accuracy {cfg.oracle_accuracy}")
+    part.notes.append(f"{name}: {cfg.users} labelers x {cfg.n_train} train / {cfg.n_test} test pairs, {labels}; "
+                      f"{cfg.backbone} with LoRA "
+                      f"(r {cfg.rank}, alpha {cfg.alpha}, dropout {cfg.dropout}) on {'/'.join(cfg.targets)} of the top "
                       f"{cfg.lora_blocks} blocks (lower blocks cached), max {cfg.max_length} tokens; Adam lr {cfg.lr}"
                       f"{' linear to 0' if cfg.linear_schedule else ''}, batch {cfg.batch_size}, {cfg.epochs} epochs' "
                       "steps for every method (G: 2/3 global then lr/3; WU: 0.1 global; Share Rep: global phase, "
@@ -144,8 +168,9 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
 
 def table(name: str, acc: dict, methods: list[str], oracle: np.ndarray) -> str:
     """Markdown: accuracy and each labeler's accuracy, mean ± std over seeds, one row per method, then the oracle."""
-    n = oracle.shape[1]
-    lines = [f"{name} comparison (held-out preference accuracy, ties 0.5; mean ± std over {len(oracle)} seeds):", "",
+    n = len(acc[methods[0]]["per_user"][0])
+    seeds = len(acc[methods[0]]["accuracy"])
+    lines = [f"{name} comparison (held-out preference accuracy, ties 0.5; mean ± std over {seeds} seeds):", "",
              "| method | accuracy | " + " | ".join(f"labeler {i}" for i in range(n)) + " |",
              "|---|---|" + "---|" * n]
     cell = (lambda v: f"{np.mean(v):.4f} ± {np.std(v):.4f}")
@@ -153,7 +178,9 @@ def table(name: str, acc: dict, methods: list[str], oracle: np.ndarray) -> str:
         per_user = np.asarray(acc[m]["per_user"])
         lines.append(f"| {LABELS[m]} | {cell(acc[m]['accuracy'])} | "
                      + " | ".join(cell(per_user[:, i]) for i in range(n)) + " |")
-    lines.append(f"| oracle | {cell(oracle.mean(1))} | " + " | ".join(cell(oracle[:, i]) for i in range(n)) + " |")
+    if oracle.size:
+        lines.append(f"| oracle | {cell(oracle.mean(1))} | " + " | ".join(cell(oracle[:, i]) for i in range(n))
+                     + " |")
     return "\n".join(lines)
 
 
@@ -165,14 +192,15 @@ def bar_plot(run_dir: RunDir, source: str, acc: dict, methods: list[str], oracle
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    n = oracle.shape[1]
+    n = len(acc[methods[0]]["per_user"][0])
     width = 0.8 / len(methods)
     fig, ax = plt.subplots(figsize=(max(6, 1.4 * n), 4))
     for k, m in enumerate(methods):
         per_user = np.asarray(acc[m]["per_user"])
         ax.bar(np.arange(n) + (k - (len(methods) - 1) / 2) * width, per_user.mean(0), width,
                yerr=per_user.std(0), label=LABELS[m], capsize=2)
-    ax.scatter(np.arange(n), oracle.mean(0), marker="_", s=400, color="black", label="oracle", zorder=3)
+    if oracle.size:
+        ax.scatter(np.arange(n), oracle.mean(0), marker="_", s=400, color="black", label="oracle", zorder=3)
     ax.set_xticks(np.arange(n), [f"labeler {i}" for i in range(n)])
     lowest = min(float(np.mean(acc[m]["per_user"], 0).min()) for m in methods)
     ax.set_ylim(min(0.4, lowest - 0.05), 1.0)

@@ -152,6 +152,7 @@ def _gather(w: Tensor, party: Party, idx: Tensor | None, rank_dim: int, name: st
     if isinstance(party, int) or party.dim() == 0:
         w = w[int(party)]
         return w if idx is None else w.index_select(rank_dim - 1, idx)
+    party = party.to(w.device)
     if idx is None:
         return w.index_select(0, party)
     if rank_dim == 1:  # A: (P, r, in) -> (N, k, in)

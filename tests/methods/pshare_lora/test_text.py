@@ -193,3 +193,30 @@ def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_di
         assert (tmp_path / "run0" / "plots" / f"text_{source}_per_labeler.png").stat().st_size > 1000
     rec = parts[0].records[0]
     assert len(rec["accuracy_per_user"]) == 3 and 0 <= rec["accuracy"] <= 1 and rec["steps"] == 3
+
+
+def test_real_tldr_source_trains_on_the_labelers_own_comparisons(backbone, tmp_path):
+    from tests.data.helpers import jsonl, write
+    from tests.data.test_tldr import TRAIN, VALID
+
+    write(tmp_path / "train.jsonl.gz", jsonl(*TRAIN), gz=True)
+    write(tmp_path / "validation.jsonl", jsonl(*VALID))
+    cfg = TOY.model_copy(update={"sources": ["tldr"], "data_root": str(tmp_path), "users": 5, "n_train": 0,
+                                 "n_test": 0, "methods": ["global", "pshare_si"]})
+    part = text_part(cfg, [0], RunDir(tmp_path / "run"), False, backbone)
+    assert len(part.records) == 2 * 2  # methods x seeds
+    rec = part.records[0]
+    assert rec["source"] == "tldr" and len(rec["accuracy_per_user"]) == 5 and "oracle_accuracy" not in rec
+    assert rec["steps"] == 3  # 4 balanced train pairs x 5 labelers / batch 8, one epoch
+    assert "Reddit TL;DR: P-ShareLoRA (SI) > LoRA-global" in [c["name"] for c in part.claims]
+    assert "| oracle |" not in "\n".join(part.notes)
+    assert (tmp_path / "run" / "plots" / "text_tldr_per_labeler.png").stat().st_size > 1000
+
+
+def test_lora_in_every_block_runs_the_whole_backbone_without_a_cache(backbone):
+    texts = generate(3, 4, 2, seed=0).texts
+    full = encode(backbone, texts, 48, lora_blocks=6)
+    assert full.split == 0 and full.features is None
+    cached = encode(backbone, texts, 48, lora_blocks=2)
+    rows = torch.arange(6)  # shared factors and head: no routing needed; B = 0, so both are the frozen backbone
+    torch.testing.assert_close(model_for(backbone, full, False)(rows), model_for(backbone, cached, False)(rows))

@@ -28,10 +28,11 @@ PER_USER_HEAD = ("local", "share_rep")
 
 @dataclass
 class FeatureCache:
-    """Tokens of every text and the hidden states entering block `split` (frozen below), computed once."""
+    """Tokens of every text and the hidden states entering block `split` (frozen below), computed once; with LoRA in
+    every block (split 0) there is nothing to cache and the whole backbone runs each step."""
 
     tokens: Tokens
-    features: Tensor
+    features: Tensor | None
     split: int
 
 
@@ -39,9 +40,9 @@ def encode(backbone: Backbone, texts: Sequence[str], max_length: int, lora_block
            second: Sequence[str] | None = None, truncation_side: str = "left") -> FeatureCache:
     """Tokenises the texts (or text pairs) and runs the frozen blocks below the top `lora_blocks` once."""
     pooled = PooledModel(backbone.model, backbone.causal, 1)  # only its frozen lower blocks run, without grad
-    split = len(layer_stack(pooled.backbone)[1]) - lora_blocks
+    split = max(0, len(layer_stack(pooled.backbone)[1]) - lora_blocks)
     tokens = tokenize(backbone.tokenizer, texts, max_length, second, truncation_side)
-    return FeatureCache(tokens, pooled.lower_features(tokens, split), split)
+    return FeatureCache(tokens, pooled.lower_features(tokens, split) if split else None, split)
 
 
 class RoutedHead(nn.Module):
@@ -72,11 +73,11 @@ class TextRewardModel(nn.Module):
     """r_i(text row) with LoRA (rank, alpha, dropout) on `query`/`key` of the top blocks above `cache.split`."""
 
     def __init__(self, backbone: Backbone, cache: FeatureCache, rank: int, alpha: float, dropout: float,
-                 n_users: int, per_user_head: bool, generator: torch.Generator):
+                 n_users: int, per_user_head: bool, generator: torch.Generator, targets: Sequence[str] = TARGETS):
         super().__init__()
         pooled = PooledModel(copy.deepcopy(backbone.model), backbone.causal, 1, generator)  # the caller's stays bare
         n_blocks = len(layer_stack(pooled.backbone)[1])
-        inject_lora(pooled.backbone, top_block_targets(pooled.backbone, n_blocks - cache.split, TARGETS), rank,
+        inject_lora(pooled.backbone, top_block_targets(pooled.backbone, n_blocks - cache.split, targets), rank,
                     alpha, dropout=dropout)
         pooled.head = RoutedHead(pooled.head.in_features, n_users if per_user_head else None, generator)
         self.pooled, self.cache = pooled, cache  # the cache is a plain attribute: shared, not in state_dict
@@ -84,9 +85,11 @@ class TextRewardModel(nn.Module):
 
     def forward(self, rows: Tensor) -> Tensor:
         self.pooled.head.party = self.lora[0].party
+        device = self.pooled.head.weight.device
         tokens = self.cache.tokens[rows].trimmed()
-        features = self.cache.features[rows, : tokens.input_ids.shape[1]]
-        return self.pooled(tokens, features, self.cache.split).squeeze(-1)
+        features = None if self.cache.features is None else self.cache.features[rows, : tokens.input_ids.shape[1]]
+        features = None if features is None else features.to(device)
+        return self.pooled(tokens.to(device), features, self.cache.split).squeeze(-1)
 
     def lora_dropout(self, on: bool) -> None:
         """Eval mode everywhere (the backbone's own dropout stays off, as in the paper's models), LoRA dropout `on`."""
@@ -116,17 +119,21 @@ class TextTraining:
     global_fraction: float = 2 / 3
     warmup_fraction: float = 0.1
     frozen_fraction: float = 0.7
+    device: str = "cpu"
+    targets: tuple[str, ...] = TARGETS
 
 
 def fit(backbone: Backbone, cache: FeatureCache, data: Prefs, test: Prefs, method: str, n_users: int,
         tc: TextTraining, seed: int) -> dict:
     """Trains `method` for `epochs` passes' worth of steps and returns held-out accuracy (overall, per user)."""
     g = Seeds(seed).torch(f"text-{method}")
-    model = TextRewardModel(backbone, cache, tc.rank, tc.alpha, tc.dropout, n_users, method in PER_USER_HEAD, g)
+    model = TextRewardModel(backbone, cache, tc.rank, tc.alpha, tc.dropout, n_users, method in PER_USER_HEAD, g,
+                            tc.targets)
+    model.to(tc.device)
     prepare(model, method, n_users, g)
     steps = max(1, round(tc.epochs * math.ceil(len(data) / tc.batch_size)))
     n_blocks = len(layer_stack(model.pooled.backbone)[1])
-    fraction = share_rep_fraction(n_blocks, n_blocks - cache.split, len(TARGETS), tc.frozen_fraction)
+    fraction = share_rep_fraction(n_blocks, n_blocks - cache.split, len(tc.targets), tc.frozen_fraction)
     phases = schedule(method, len(model.lora), steps, tc.lr, tc.linear, tc.global_fraction, tc.warmup_fraction,
                       fraction)
     Seeds(seed).init_torch(f"dropout-{method}")  # LoRA dropout draws from torch's global generator
@@ -144,7 +151,7 @@ def evaluate(model: nn.Module, test: Prefs, n_users: int, batch_size: int = 128)
         batch = test[torch.arange(start, min(start + batch_size, len(test)))]
         with routed(model, torch.cat([batch.users, batch.users])):
             r = model(torch.cat([batch.chosen, batch.rejected]))
-        right.append(pair_correct(r[: len(batch)], r[len(batch):]))
+        right.append(pair_correct(r[: len(batch)], r[len(batch):]).cpu())
     per_user = per_user_mean(test.users, torch.cat(right), n_users)
     return {"accuracy": round(float(per_user.mean()), 6), "accuracy_per_user": [round(float(a), 4) for a in per_user]}
 
