@@ -156,7 +156,7 @@ def test_drop_invalid_counts_malformed_rows_and_ties_are_dropped(tmp_path):
     assert len(data) == 1
     assert data.dropped == {"choice: expected 0 or 1, got 2": 1, IDENTICAL: 1, "invalid JSON": 1}
     only_cnndm = write(tmp_path / "validation.jsonl", jsonl(row(0, "wa", cnndm=True)))
-    with pytest.raises(DataError, match="no Reddit comparisons"):
+    with pytest.raises(DataError, match="no valid rows .dropped: ..no Reddit post"):
         load_tldr(only_cnndm)
 
 

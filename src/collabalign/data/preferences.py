@@ -74,12 +74,13 @@ def checked_pair(
 def collect_pairs(
     source: str | Path,
     records: Iterable[tuple[int, Any]],
-    make: Callable[[int, Any], list[PreferencePair]],
+    make: Callable[[int, Any], list[PreferencePair] | str],
     drop_invalid: bool,
 ) -> PreferenceSet:
     """Turn (line, record) items into a PreferenceSet, raising the first DataError or counting them by reason.
 
-    A record may itself be a DataError (from the reader). An empty result is always an error.
+    A record may itself be a DataError (from the reader); `make` may return a reason instead of pairs for a valid
+    row that carries no preference (always counted in `dropped`). An empty result is always an error.
     """
     pairs: list[PreferencePair] = []
     dropped: Counter[str] = Counter()
@@ -87,11 +88,16 @@ def collect_pairs(
         try:
             if isinstance(record, DataError):
                 raise record
-            pairs.extend(make(line, record))
+            made = make(line, record)
         except DataError as err:
             if not drop_invalid:
                 raise
             dropped[err.message if err.field is None else f"{err.field}: {err.message}"] += 1
+            continue
+        if isinstance(made, str):
+            dropped[made] += 1
+        else:
+            pairs.extend(made)
     if not pairs:
         detail = f"no valid rows (dropped: {dict(dropped)})" if dropped else "no rows"
         raise DataError(source, None, None, detail)

@@ -19,7 +19,7 @@ import numpy as np
 
 from collabalign.data.errors import DataError
 from collabalign.data.jsonl import read_jsonl
-from collabalign.data.preferences import PreferencePair, PreferenceSet, checked_pair
+from collabalign.data.preferences import PreferencePair, PreferenceSet, checked_pair, collect_pairs
 
 HUB_NAME = "openai/summarize_from_feedback"
 HUB_SUBSET = "comparisons"
@@ -100,26 +100,12 @@ def _text(obj: Any, path: str, source: str | Path, line: int) -> str:
 def tldr_rows(source: str | Path, records: Iterable[tuple[int, Any]], drop_invalid: bool = False) -> PreferenceSet:
     """Pairs from (line, row) records; CNN/DM and tied rows are always counted drops, malformed rows raise
     (or, with drop_invalid, are counted by field and message). An empty result is an error."""
-    pairs: list[PreferencePair] = []
-    dropped: Counter[str] = Counter()
-    for line, record in records:
-        try:
-            if isinstance(record, DataError):
-                raise record
-            result = tldr_pair(record, source, line)
-        except DataError as err:
-            if not drop_invalid:
-                raise
-            dropped[err.message if err.field is None else f"{err.field}: {err.message}"] += 1
-            continue
-        if isinstance(result, str):
-            dropped[result] += 1
-        else:
-            pairs.append(result)
-    if not pairs:
-        detail = f"no Reddit comparisons (dropped: {dict(dropped)})" if dropped else "no rows"
-        raise DataError(source, None, None, detail)
-    return PreferenceSet(pairs, dict(dropped), str(source))
+
+    def make(line: int, row: Any) -> list[PreferencePair] | str:
+        result = tldr_pair(row, source, line)
+        return result if isinstance(result, str) else [result]
+
+    return collect_pairs(source, records, make, drop_invalid)
 
 
 def load_tldr(path: str | Path, drop_invalid: bool = False) -> PreferenceSet:
