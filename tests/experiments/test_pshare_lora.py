@@ -30,7 +30,7 @@ def test_claims_table_and_plots_are_written(toy_runs):
     names = [c["name"] for c in summary["claims"]]
     assert names[:4] == ["P-ShareLoRA (G) >= P-ShareLoRA (SI)", "P-ShareLoRA (WU) >= P-ShareLoRA (SI)",
                          "P-ShareLoRA (SI) > LoRA-global", "P-ShareLoRA (SI) > LoRA-local"]
-    assert len(names) == 15 + 2 + 2 + 1 + 3 and any(n.startswith("dist(B^, B°)") for n in names)
+    assert len(names) == 16 + 2 + 2 + 1 + 3 and any(n.startswith("dist(B^, B°)") for n in names)
     for sweep_claim in ("falls as N^-1/2 with more users", "grows as nu falls", "A tail flattens",
                         "Pairs needed for a target accuracy", "full per-user matrices beat", "lowest value gap",
                         "lowers the value gap", "federated P-ShareLoRA (SI) > FedAvg-LoRA", "exactly the shared B"):
