@@ -8,7 +8,7 @@ from collabalign.cli import config_path, main
 
 from .toy import run_twice
 
-TOY = ["seeds=[0, 1]", "problem.users=4", "problem.n_train=30", "problem.n_test=100", "train.steps=20",
+TOY = ["seeds=[0, 1]", "workers=1", "problem.users=4", "problem.n_train=30", "problem.n_test=100", "train.steps=20",
        "sweep.n_train=[15, 30, 60]", "sweep.methods=[global, local, pshare_si, full]", "sweep.users=[2, 4]",
        "sweep.spectrum_decay=[0.5, 1]", "sweep.tail=[0, 1]", "sweep.tail_n_train=[15, 60]", "bandit.prompts=6",
        "bandit.candidates=4", "bandit.n_train=[10, 20]", "bandit.train.steps=20", "bandit.iters=50",
