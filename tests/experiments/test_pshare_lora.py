@@ -67,7 +67,8 @@ def test_worker_processes_give_the_same_records(toy_runs, tmp_path):
 
 def test_gpu_tldr_config_validates_and_runs_on_a_tiny_llama(tmp_path):
     """The paper-scale TL;DR config with a tiny random Llama saved locally in place of Llama-3 8B, LoRA on q_proj /
-    k_proj of every block (no cache), on the CPU, on a TL;DR fixture in the hub's schema."""
+    k_proj of every block (no cache), bfloat16 backbone, gradient checkpointing and micro-batches, on the CPU, on a
+    TL;DR fixture in the hub's schema."""
     from collabalign.cli import CONFIG_DIR
     from collabalign.config import read_yaml, validate
     from collabalign.experiments.pshare_lora import Config
@@ -80,6 +81,7 @@ def test_gpu_tldr_config_validates_and_runs_on_a_tiny_llama(tmp_path):
     assert (cfg.text.backbone, cfg.text.rank, cfg.text.alpha, cfg.text.targets) == (
         "meta-llama/Meta-Llama-3-8B", 32, 16, ["q_proj", "k_proj"])
     assert cfg.methods == [] and cfg.text.sources == ["tldr"] and cfg.text.lr == 5e-5
+    assert (cfg.text.dtype, cfg.text.gradient_checkpointing, cfg.text.micro_batch) == ("bfloat16", True, 4)
     tiny = tiny_llama(num_layers=2)
     tiny.model.save_pretrained(tmp_path / "tiny-llama")
     tiny.tokenizer.save_pretrained(tmp_path / "tiny-llama")

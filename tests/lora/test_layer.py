@@ -71,6 +71,20 @@ def test_block_routing_equals_row_routing_with_gradients(pa, pb, sliced):
         torch.testing.assert_close(by_block, by_row)
 
 
+def test_float32_factors_on_a_bfloat16_base_keep_the_base_dtype_and_train_in_float32():
+    layer = make_layer(4, None)
+    layer.base.to(torch.bfloat16)
+    x = torch.randn(6, 12, dtype=torch.bfloat16)
+    layer.route(torch.tensor([0, 1, 2, 3, 0, 1]))
+    y = layer(x)
+    y.float().sum().backward()
+    assert y.dtype == torch.bfloat16 and layer.A.grad.dtype == layer.B.grad.dtype == torch.float32
+    with torch.no_grad():
+        update = torch.einsum("or,nri,ni->no", layer.B, layer.A[layer.party], x.float())
+        expected = layer.base(x) + (layer.scale * update).to(torch.bfloat16)
+    torch.testing.assert_close(y, expected)
+
+
 def test_blocks_must_match_the_party_count():
     layer = make_layer(parties_a=3)
     layer.route(Blocks(4))

@@ -49,6 +49,9 @@ class TextConfig(Strict):
     lora_blocks: int = 2  # the top blocks with LoRA; the ones below are cached (>= every block: no cache)
     targets: list[str] = ["query", "key"]  # the paper's Q/K (q_proj / k_proj on Llama)
     device: str = "cpu"
+    dtype: Literal["float32", "bfloat16"] = "float32"  # the backbone's; LoRA factors and heads stay float32
+    gradient_checkpointing: bool = False
+    micro_batch: int = 0  # pairs per forward / backward inside a batch (0: the whole batch)
     rank: int = 8
     alpha: float = 4.0
     dropout: float = 0.05
@@ -60,7 +63,8 @@ class TextConfig(Strict):
 
     def training(self) -> TextTraining:
         return TextTraining(self.rank, self.alpha, self.dropout, self.batch_size, self.epochs, self.lr,
-                            self.linear_schedule, device=self.device, targets=tuple(self.targets))
+                            self.linear_schedule, device=self.device, targets=tuple(self.targets),
+                            micro_batch=self.micro_batch, checkpointing=self.gradient_checkpointing)
 
 
 def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> tuple[Prefs, Prefs, dict]:
@@ -82,6 +86,7 @@ def text_part(cfg: TextConfig, seeds: list[int], run_dir: RunDir, progress: bool
               backbone: Backbone | None = None) -> Part:
     """Every method on every source and seed; claims per source, the per-labeler table and plot, and notes."""
     backbone = backbone or load_backbone(cfg.backbone)
+    backbone.model.to(getattr(torch, cfg.dtype))
     seeds = cfg.seeds if cfg.seeds is not None else seeds
     part = Part()
     for source in cfg.sources:

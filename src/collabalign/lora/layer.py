@@ -114,12 +114,12 @@ class LoRALinear(nn.Module):
         if not self.enabled:
             return y
         A, B = self.factors(self.party)
-        x = self.dropout(x)
+        x = self.dropout(x).to(A.dtype)  # float32 factors on a bfloat16 base: compute the update in float32
         if isinstance(self.party, Blocks):
             h = _apply_blocks(x, A, self.party)
-            return y + self.scale * _apply_blocks(h, B, self.party)
+            return y + (self.scale * _apply_blocks(h, B, self.party)).to(y.dtype)
         h = _apply(x, A)  # (..., k)
-        return y + self.scale * _apply(h, B)
+        return y + (self.scale * _apply(h, B)).to(y.dtype)
 
     def delta_weight(self, party: int | None = None) -> Tensor:
         """scale * B @ A for one party (or the shared factors): what merging adds to W0."""

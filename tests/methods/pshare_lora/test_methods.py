@@ -104,6 +104,23 @@ def test_projection_bounds_every_users_update(a_mode, b_mode):
     assert user_deltas(layer).flatten(1).norm(dim=1).max() <= 0.5 + 1e-9
 
 
+@pytest.mark.parametrize("batch_size", [0, 7])
+def test_micro_batches_accumulate_the_same_steps(batch_size):
+    truth, data, _ = generate(SMALL, 0)
+    data.chosen, data.rejected = data.chosen.double(), data.rejected.double()
+    states, losses = [], []
+    for micro in (0, 2):
+        net = model_for(truth, 2).double()
+        g = torch.Generator().manual_seed(0)
+        prepare(net, "pshare_si", SMALL.users, g)
+        losses.append(train(net, data, schedule("pshare_si", 1, 12, 0.05), SMALL.users, batch_size, g,
+                            micro_batch=micro))
+        states.append({k: v.detach().clone() for k, v in net.state_dict().items()})
+    assert losses[0] == pytest.approx(losses[1], rel=1e-9)
+    for k in states[0]:
+        torch.testing.assert_close(states[0][k], states[1][k])
+
+
 def test_fit_is_deterministic_and_seed_dependent():
     tc = TrainConfig(steps=15)
     a, b = fit(SMALL, tc, "pshare_wu", 0), fit(SMALL, tc, "pshare_wu", 0)

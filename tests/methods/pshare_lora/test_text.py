@@ -220,3 +220,18 @@ def test_lora_in_every_block_runs_the_whole_backbone_without_a_cache(backbone):
     cached = encode(backbone, texts, 48, lora_blocks=2)
     rows = torch.arange(6)  # shared factors and head: no routing needed; B = 0, so both are the frozen backbone
     torch.testing.assert_close(model_for(backbone, full, False)(rows), model_for(backbone, cached, False)(rows))
+
+
+def test_checkpointing_and_micro_batches_train_the_same_model(backbone):
+    from collabalign.methods.pshare_lora.text import TextTraining, fit
+
+    pairs = generate(3, 6, 4, seed=0)
+    cache = encode(backbone, pairs.texts, 48, lora_blocks=2)
+    prefs = Prefs(*(torch.from_numpy(a) for a in (pairs.users, pairs.first, pairs.other)))
+    train_mask = torch.from_numpy(pairs.train)
+    data, test = prefs[train_mask.nonzero()[:, 0]], prefs[(~train_mask).nonzero()[:, 0]]
+    settings = {"rank": 2, "batch_size": 6, "epochs": 2, "dropout": 0.0}
+    plain = fit(backbone, cache, data, test, "pshare_si", 3, TextTraining(**settings), 0)
+    lean_training = TextTraining(**settings, micro_batch=2, checkpointing=True)
+    lean = fit(backbone, cache, data, test, "pshare_si", 3, lean_training, 0)
+    assert lean["accuracy"] == plain["accuracy"] and lean["train_loss"] == pytest.approx(plain["train_loss"], abs=1e-4)

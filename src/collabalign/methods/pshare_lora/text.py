@@ -58,6 +58,7 @@ class RoutedHead(nn.Module):
         self.party: Party = None
 
     def forward(self, x: Tensor) -> Tensor:
+        x = x.to(self.weight.dtype)  # a bfloat16 backbone feeds a float32 head
         if not self.per_user:
             return x @ self.weight.T + self.bias
         if self.party is None:
@@ -73,7 +74,8 @@ class TextRewardModel(nn.Module):
     """r_i(text row) with LoRA (rank, alpha, dropout) on `query`/`key` of the top blocks above `cache.split`."""
 
     def __init__(self, backbone: Backbone, cache: FeatureCache, rank: int, alpha: float, dropout: float,
-                 n_users: int, per_user_head: bool, generator: torch.Generator, targets: Sequence[str] = TARGETS):
+                 n_users: int, per_user_head: bool, generator: torch.Generator, targets: Sequence[str] = TARGETS,
+                 checkpointing: bool = False):
         super().__init__()
         pooled = PooledModel(copy.deepcopy(backbone.model), backbone.causal, 1, generator)  # the caller's stays bare
         n_blocks = len(layer_stack(pooled.backbone)[1])
@@ -82,6 +84,11 @@ class TextRewardModel(nn.Module):
         pooled.head = RoutedHead(pooled.head.in_features, n_users if per_user_head else None, generator)
         self.pooled, self.cache = pooled, cache  # the cache is a plain attribute: shared, not in state_dict
         self.lora = tuple(lora_layers(pooled).values())  # a tuple, so not registered twice as submodules
+        for layer in self.lora:  # trainable factors in float32 whatever the backbone's dtype
+            layer.A, layer.B = nn.Parameter(layer.A.detach().float()), nn.Parameter(layer.B.detach().float())
+        self.checkpointing = checkpointing
+        if checkpointing:  # recompute each block's activations in the backward: memory for time
+            pooled.backbone.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
     def forward(self, rows: Tensor) -> Tensor:
         self.pooled.head.party = self.lora[0].party
@@ -92,8 +99,14 @@ class TextRewardModel(nn.Module):
         return self.pooled(tokens.to(device), features, self.cache.split).squeeze(-1)
 
     def lora_dropout(self, on: bool) -> None:
-        """Eval mode everywhere (the backbone's own dropout stays off, as in the paper's models), LoRA dropout `on`."""
+        """The backbone's own dropout off (as in the paper's models), LoRA dropout `on`. With gradient checkpointing
+        the backbone stays in training mode while training (Hugging Face only checkpoints then), dropout modules off."""
         self.eval()
+        if on and self.checkpointing:
+            self.pooled.backbone.train()
+            for module in self.pooled.backbone.modules():
+                if isinstance(module, nn.Dropout):
+                    module.eval()
         for layer in self.lora:
             layer.dropout.train(on)
 
@@ -121,6 +134,8 @@ class TextTraining:
     frozen_fraction: float = 0.7
     device: str = "cpu"
     targets: tuple[str, ...] = TARGETS
+    micro_batch: int = 0  # pairs per forward / backward within a batch (0: the whole batch)
+    checkpointing: bool = False
 
 
 def fit(backbone: Backbone, cache: FeatureCache, data: Prefs, test: Prefs, method: str, n_users: int,
@@ -128,7 +143,7 @@ def fit(backbone: Backbone, cache: FeatureCache, data: Prefs, test: Prefs, metho
     """Trains `method` for `epochs` passes' worth of steps and returns held-out accuracy (overall, per user)."""
     g = Seeds(seed).torch(f"text-{method}")
     model = TextRewardModel(backbone, cache, tc.rank, tc.alpha, tc.dropout, n_users, method in PER_USER_HEAD, g,
-                            tc.targets)
+                            tc.targets, tc.checkpointing)
     model.to(tc.device)
     prepare(model, method, n_users, g)
     steps = max(1, round(tc.epochs * math.ceil(len(data) / tc.batch_size)))
@@ -138,7 +153,7 @@ def fit(backbone: Backbone, cache: FeatureCache, data: Prefs, test: Prefs, metho
                       fraction)
     Seeds(seed).init_torch(f"dropout-{method}")  # LoRA dropout draws from torch's global generator
     model.lora_dropout(True)
-    losses = train(model, data, phases, n_users, tc.batch_size, g)
+    losses = train(model, data, phases, n_users, tc.batch_size, g, micro_batch=tc.micro_batch)
     model.lora_dropout(False)
     return {**evaluate(model, test, n_users), "train_loss": round(losses[-1], 6), "steps": steps}
 

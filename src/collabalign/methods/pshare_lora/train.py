@@ -126,12 +126,28 @@ def pair_loss(model: nn.Module, batch: Prefs, layout: Blocks | None = None) -> T
     return bt_loss(r[:n], r[n:])
 
 
+def backward(model: nn.Module, batch: Prefs, layout: Blocks | None, micro_batch: int) -> Tensor:
+    """The batch's mean Bradley–Terry loss with its gradient accumulated, in chunks of `micro_batch` pairs if > 0.
+    The routing stays set through each backward: gradient-checkpointed blocks re-run their forward there."""
+    chunks = [torch.arange(len(batch))] if micro_batch <= 0 else torch.arange(len(batch)).split(micro_batch)
+    total = torch.zeros(())
+    for chunk in chunks:
+        part = batch if len(chunks) == 1 else batch[chunk]
+        users = layout if len(chunks) == 1 and layout is not None else torch.cat([part.users, part.users])
+        with routed(model, users):
+            loss = pair_loss(model, part, layout if len(chunks) == 1 else None) * (len(chunk) / len(batch))
+            loss.backward()
+        total = total + loss.detach().cpu()
+    return total
+
+
 def train(model: nn.Module, data: Prefs, phases: list[Phase], n_users: int, batch_size: int,
-          generator: torch.Generator, max_norm: float | None = None) -> list[float]:
-    """Runs the phases with Adam (a fresh optimiser per phase, as the factors change shape); returns the losses."""
+          generator: torch.Generator, max_norm: float | None = None, micro_batch: int = 0) -> list[float]:
+    """Runs the phases with Adam (a fresh optimiser per phase, as the factors change shape); returns the losses.
+    `micro_batch` > 0 accumulates each batch's gradient over chunks of that many pairs (same step, less memory)."""
     layers = list(lora_layers(model).values())
     stream = batches(len(data), batch_size, generator)
-    layout = data.blocks(n_users) if batch_size <= 0 else None
+    layout = data.blocks(n_users) if batch_size <= 0 and micro_batch <= 0 else None
     losses = []
     for phase in phases:
         for layer, (a, b) in zip(layers, phase.modes, strict=True):
@@ -141,9 +157,8 @@ def train(model: nn.Module, data: Prefs, phases: list[Phase], n_users: int, batc
         for t in range(phase.steps):
             for group in opt.param_groups:
                 group["lr"] = phase.lr[0] + (phase.lr[1] - phase.lr[0]) * t / phase.steps
-            loss = pair_loss(model, data[next(stream)], layout)
             opt.zero_grad(set_to_none=True)
-            loss.backward()
+            loss = backward(model, data[next(stream)], layout, micro_batch)
             opt.step()
             if max_norm is not None:
                 for layer in layers:
