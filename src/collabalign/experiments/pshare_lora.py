@@ -51,16 +51,12 @@ def run_fits(jobs: list[tuple[ProblemConfig, str, int]], tc: TrainConfig, worker
     args = [(ProblemConfig.model_validate_json(p), tc, m, s) for p, m, s in keys]
     results = {}
     with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) if workers > 1 else nullcontext() as pool:
-        done = pool.map(_fit, args) if pool else map(_fit, args)
+        done = (pool.map if pool else map)(fit, *zip(*args, strict=True))
         for i, (key, res) in enumerate(zip(keys, done, strict=True)):
             results[key] = res
             if progress and ((i + 1) % 10 == 0 or i + 1 == len(keys)):
                 print(f"pshare-lora synthetic: {i + 1}/{len(keys)} fits", file=sys.stderr, flush=True)
     return results
-
-
-def _fit(args: tuple[ProblemConfig, TrainConfig, str, int]) -> dict:
-    return fit(*args)
 
 
 def synthetic_part(cfg: Config, run_dir: RunDir, progress: bool) -> Part:

@@ -20,7 +20,8 @@ from collabalign.data.tldr_like import generate
 from collabalign.experiments.pshare_lora_claims import ordering_claims
 from collabalign.methods.pshare_lora import LABELS, METHODS, Prefs
 from collabalign.methods.pshare_lora.hh_pairs import hh_pairs, hh_texts
-from collabalign.methods.pshare_lora.text import FeatureCache, TextTraining, encode, fit, per_user_mean
+from collabalign.methods.pshare_lora.text import FeatureCache, TextTraining, encode, fit
+from collabalign.methods.pshare_lora.train import per_user_mean
 from collabalign.models.backbones import Backbone, load_backbone
 from collabalign.models.reward import pair_correct
 from collabalign.runs import Part, RunDir

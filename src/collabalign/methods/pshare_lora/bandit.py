@@ -155,9 +155,7 @@ def theory_zeta(truth: Truth, k: int, n_train: int, delta: float = 0.1) -> float
     is the asymptotic MLE squared error under BTL at margin 0 with unit-variance features (Fisher info I / 2 per
     pair). The log(N N_p / delta) factor of the bracketing number is dropped."""
     n, d1, d2 = truth.delta.shape
-    agg = torch.cat(list(truth.delta), dim=1).double()
-    u, s, vh = torch.linalg.svd(agg, full_matrices=False)
-    bias = (agg - (u[:, :k] * s[:k]) @ vh[:k]).reshape(d1, n, d2).square().sum(dim=(0, 2))
+    s, bias = truth.spectrum(k)
     nu, tail = float(s[k - 1] ** 2 / n), float(s[k:].square().sum())
     count = k * (d1 + n * d2) / (n * nu) + k * d2 + float(torch.log(torch.tensor(n / delta)))
     return 2 * count / n_train + float(bias.min()) + (tail / n) ** 0.5 / nu

@@ -10,7 +10,7 @@ from torch import Tensor, nn
 
 from collabalign.config import Strict
 from collabalign.lora import Blocks, inject_lora, routed
-from collabalign.methods.pshare_lora.train import Prefs, prepare, schedule, train
+from collabalign.methods.pshare_lora.train import Prefs, per_user_mean, prepare, schedule, train
 from collabalign.models.reward import pair_correct
 from collabalign.seeding import Seeds
 
@@ -51,13 +51,19 @@ class Truth:
     delta: Tensor
     basis: Tensor
 
-    def diversity(self, k: int) -> dict[str, float]:
-        """nu = sigma_k^2 / N, Sigma_tail and the per-user bias b_i (mean and max), Def. 4.1."""
+    def spectrum(self, k: int) -> tuple[Tensor, Tensor]:
+        """Singular values of [Delta Theta*_1 .. Delta Theta*_N] and each user's bias b_i against its best rank-k
+        approximation (float64)."""
         n = self.delta.shape[0]
         agg = torch.cat(list(self.delta), dim=1).double()
         u, s, vh = torch.linalg.svd(agg, full_matrices=False)
         best = (u[:, :k] * s[:k]) @ vh[:k]
-        bias = (agg - best).reshape(agg.shape[0], n, -1).square().sum(dim=(0, 2))
+        return s, (agg - best).reshape(agg.shape[0], n, -1).square().sum(dim=(0, 2))
+
+    def diversity(self, k: int) -> dict[str, float]:
+        """nu = sigma_k^2 / N, Sigma_tail and the per-user bias b_i (mean and max), Def. 4.1."""
+        n = self.delta.shape[0]
+        s, bias = self.spectrum(k)
         return {"nu": float(s[k - 1] ** 2 / n), "sigma_tail": float(s[k:].square().sum()),
                 "bias_mean": float(bias.mean()), "bias_max": float(bias.max())}
 
@@ -147,8 +153,8 @@ def evaluate(net: BilinearNet, truth: Truth, test: Prefs) -> dict:
     theta = truth.theta_init + truth.delta
     true_diff = true_reward(theta, test.users, test.chosen) - true_reward(theta, test.users, test.rejected)
     right = pair_correct(r[:m], r[m:])
-    per_user = torch.bincount(test.users, right, n) / torch.bincount(test.users, minlength=n)
-    oracle = torch.bincount(test.users, (true_diff > 0).double(), n) / torch.bincount(test.users, minlength=n)
+    per_user = per_user_mean(test.users, right, n)
+    oracle = per_user_mean(test.users, (true_diff > 0).double(), n)
     delta = effective_delta(net, n)
     u = torch.linalg.svd(torch.cat(list(delta), dim=1).double(), full_matrices=False)[0][:, :k]
     overlap = (u.T @ truth.basis.double()).square().sum()

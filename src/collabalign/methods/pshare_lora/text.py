@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from collabalign.lora.inject import inject_lora, lora_layers, routed
 from collabalign.lora.layer import Blocks, Party
-from collabalign.methods.pshare_lora.train import Prefs, prepare, schedule, train
+from collabalign.methods.pshare_lora.train import Prefs, per_user_mean, prepare, schedule, train
 from collabalign.models.backbones import Backbone
 from collabalign.models.pooled import PooledModel, Tokens, layer_stack, tokenize, top_block_targets
 from collabalign.models.reward import pair_correct
@@ -170,7 +170,3 @@ def evaluate(model: nn.Module, test: Prefs, n_users: int, batch_size: int = 128)
     per_user = per_user_mean(test.users, torch.cat(right), n_users)
     return {"accuracy": round(float(per_user.mean()), 6), "accuracy_per_user": [round(float(a), 4) for a in per_user]}
 
-
-def per_user_mean(users: Tensor, values: Tensor, n_users: int) -> Tensor:
-    """Mean of `values` over each user's samples (float64)."""
-    return torch.bincount(users, values.double(), n_users) / torch.bincount(users, minlength=n_users)

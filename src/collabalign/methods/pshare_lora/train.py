@@ -49,6 +49,11 @@ class Prefs:
         return Blocks(n_users, repeats=2) if torch.equal(self.users, grouped) else None
 
 
+def per_user_mean(users: Tensor, values: Tensor, n_users: int) -> Tensor:
+    """Mean of `values` over each user's samples (float64)."""
+    return torch.bincount(users, values.double(), n_users) / torch.bincount(users, minlength=n_users)
+
+
 @dataclass(frozen=True)
 class Phase:
     """`steps` optimiser steps at a learning rate going linearly from lr[0] to lr[1], with per-layer factor modes."""
