@@ -9,17 +9,30 @@ from collabalign.methods.pshare_lora import LABELS
 from collabalign.runs import claim
 
 
+def difference(a: list[float], b: list[float]) -> tuple[float, float]:
+    """Mean of the paired differences a - b over seeds and its standard error (inf for one seed)."""
+    d = np.asarray(a) - np.asarray(b)
+    return float(d.mean()), float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("inf")
+
+
 def paired(better: list[float], worse: list[float], strict: bool) -> tuple[str, dict]:
     """Verdict on `better` (>, or >= when not strict) `worse` over paired seeds, with the mean difference and its
     standard error: a difference within 2 standard errors of the boundary is inconclusive."""
-    d = np.asarray(better) - np.asarray(worse)
-    mean = float(d.mean())
-    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("inf")
+    mean, se = difference(better, worse)
     if strict:
         verdict = "reproduced" if mean > 2 * se else "not reproduced" if mean < -2 * se else "inconclusive"
     else:
         verdict = "reproduced" if mean >= 0 else "not reproduced" if mean < -2 * se else "inconclusive"
-    return verdict, {"mean_difference": round(mean, 4), "std_error": round(se, 4), "seeds": len(d)}
+    return verdict, {"mean_difference": round(mean, 4), "std_error": round(se, 4), "seeds": len(better)}
+
+
+def within_band(a: list[float], b: list[float], band: float) -> tuple[str, dict]:
+    """`a` equals `b` within ±band over paired seeds: reproduced if mean ± 2 SE of the difference lies inside the
+    band, not reproduced if it lies wholly outside, else inconclusive."""
+    mean, se = difference(a, b)
+    verdict = "reproduced" if abs(mean) + 2 * se <= band else "not reproduced" if abs(mean) - 2 * se > band \
+        else "inconclusive"
+    return verdict, {"mean_difference": round(mean, 4), "std_error": round(se, 4), "band": band, "seeds": len(a)}
 
 
 def table(acc: dict[str, dict[str, list[float]]], methods: list[str], oracle: float) -> str:

@@ -13,7 +13,7 @@ import numpy as np
 
 from collabalign.comm import Message
 from collabalign.config import Strict
-from collabalign.experiments.pshare_lora_claims import paired
+from collabalign.experiments.pshare_lora_claims import paired, within_band
 from collabalign.federation import SimulationResult, simulate
 from collabalign.federation.simulator import sample_clients
 from collabalign.lora import lora_layers
@@ -131,17 +131,6 @@ def run_central(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int,
     raw = 2 * data.chosen.numel() * data.chosen.element_size()
     return {**evaluate(net, truth, test), "up_bytes_total": raw, "down_bytes_total": 0, "up_bytes_per_round": 0.0,
             "down_bytes_per_round": 0.0, "personal_bytes_on_clients": 0}
-
-
-def within_band(a: list[float], b: list[float], band: float) -> tuple[str, dict]:
-    """`a` equals `b` within ±band over paired seeds: reproduced if mean ± 2 SE of the difference lies inside the
-    band, not reproduced if it lies wholly outside, else inconclusive."""
-    d = np.asarray(a) - np.asarray(b)
-    mean = float(d.mean())
-    se = float(d.std(ddof=1) / np.sqrt(len(d))) if len(d) > 1 else float("inf")
-    verdict = "reproduced" if abs(mean) + 2 * se <= band else "not reproduced" if abs(mean) - 2 * se > band \
-        else "inconclusive"
-    return verdict, {"mean_difference": round(mean, 4), "std_error": round(se, 4), "band": band, "seeds": len(d)}
 
 
 def claims_for(acc: dict[str, dict[str, list]], cfg: FederatedConfig) -> list[dict]:
