@@ -15,7 +15,7 @@ from collabalign.experiments.pshare_lora_text import HH_FILE, TextConfig, text_p
 from collabalign.lora import lora_layers, routed
 from collabalign.methods.pshare_lora import Prefs, configure, pair_loss, prepare, schedule, train
 from collabalign.methods.pshare_lora.hh_pairs import HH_ATTRIBUTES, hh_pairs, hh_texts, reply_vector
-from collabalign.methods.pshare_lora.text import TextRewardModel, encode, share_rep_fraction
+from collabalign.methods.pshare_lora.text import TextRewardModel, encode, share_rep_frozen
 from collabalign.models.backbones import MINILM_PACKAGE, Backbone, minilm_l6, package_dir
 from collabalign.runs import RunDir
 
@@ -121,12 +121,12 @@ def test_missing_route_for_a_per_user_head_is_an_error(backbone, cache):
         model_for(backbone, cache, per_user_head=True).pooled.head(torch.zeros(2, 16))
 
 
-def test_share_rep_fraction_maps_blocks_to_lora_layers():
+def test_share_rep_frozen_maps_blocks_to_lora_layers():
     # 6 blocks, floor(0.7 * 6) = 4 frozen: with LoRA on the top 2 blocks (4 layers) all are personal ...
-    assert schedule("share_rep", 4, 30, 0.1, shared_fraction=share_rep_fraction(6, 2, 2))[1].modes == \
+    assert schedule("share_rep", 4, 30, 0.1, frozen_layers=share_rep_frozen(6, 2, 2))[1].modes == \
         (("user", "user"),) * 4
     # ... with LoRA on the top 3 blocks, block 3's query and key stay frozen (after the global phase)
-    assert schedule("share_rep", 6, 30, 0.1, shared_fraction=share_rep_fraction(6, 3, 2))[1].modes == \
+    assert schedule("share_rep", 6, 30, 0.1, frozen_layers=share_rep_frozen(6, 3, 2))[1].modes == \
         (("frozen", "frozen"),) * 2 + (("user", "user"),) * 4
 
 
@@ -135,7 +135,7 @@ def test_share_rep_trains_only_the_top_blocks_per_user(backbone):
     model = model_for(backbone, cache3, per_user_head=True)
     g = torch.Generator().manual_seed(0)
     prepare(model, "share_rep", 3, g)
-    phases = schedule("share_rep", len(model.lora), 9, 0.05, shared_fraction=share_rep_fraction(6, 3, 2))
+    phases = schedule("share_rep", len(model.lora), 9, 0.05, frozen_layers=share_rep_frozen(6, 3, 2))
     data = Prefs(torch.arange(3).repeat_interleave(6), torch.arange(0, 36, 2), torch.arange(1, 36, 2))
     train(model, data, phases[:1], 3, 6, g)
     after_global = [(layer.A.detach().clone(), layer.B.detach().clone()) for layer in model.lora]

@@ -111,11 +111,10 @@ class TextRewardModel(nn.Module):
             layer.dropout.train(on)
 
 
-def share_rep_fraction(n_blocks: int, lora_blocks: int, per_block: int, frozen_fraction: float = 0.7) -> float:
-    """The `schedule(shared_fraction=...)` that freezes exactly the LoRA layers lying in the bottom
-    floor(frozen_fraction * n_blocks) transformer blocks (schedule counts LoRA layers, bottom to top, not blocks)."""
-    frozen = max(0, math.floor(frozen_fraction * n_blocks) - (n_blocks - lora_blocks)) * per_block
-    return (frozen + 0.5) / (lora_blocks * per_block) if frozen else 0.0
+def share_rep_frozen(n_blocks: int, lora_blocks: int, per_block: int, frozen_fraction: float = 0.7) -> int:
+    """How many LoRA layers (bottom to top, as `schedule` counts them) lie in the bottom floor(frozen_fraction *
+    n_blocks) transformer blocks: Share Rep's frozen part measured in blocks, not LoRA layers."""
+    return max(0, math.floor(frozen_fraction * n_blocks) - (n_blocks - lora_blocks)) * per_block
 
 
 @dataclass(frozen=True)
@@ -148,9 +147,9 @@ def fit(backbone: Backbone, cache: FeatureCache, data: Prefs, test: Prefs, metho
     prepare(model, method, n_users, g)
     steps = max(1, round(tc.epochs * math.ceil(len(data) / tc.batch_size)))
     n_blocks = len(layer_stack(model.pooled.backbone)[1])
-    fraction = share_rep_fraction(n_blocks, n_blocks - cache.split, len(tc.targets), tc.frozen_fraction)
+    frozen = share_rep_frozen(n_blocks, n_blocks - cache.split, len(tc.targets), tc.frozen_fraction)
     phases = schedule(method, len(model.lora), steps, tc.lr, tc.linear, tc.global_fraction, tc.warmup_fraction,
-                      fraction)
+                      frozen_layers=frozen)
     Seeds(seed).init_torch(f"dropout-{method}")  # LoRA dropout draws from torch's global generator
     model.lora_dropout(True)
     losses = train(model, data, phases, n_users, tc.batch_size, g, micro_batch=tc.micro_batch)

@@ -64,12 +64,14 @@ class Phase:
 
 
 def schedule(method: str, n_layers: int, steps: int, lr: float, linear: bool = False, global_fraction: float = 2 / 3,
-             warmup_fraction: float = 0.1, shared_fraction: float = 0.7) -> list[Phase]:
+             warmup_fraction: float = 0.1, shared_fraction: float = 0.7, frozen_layers: int | None = None
+             ) -> list[Phase]:
     """The phases of `method` for `steps` steps in total (spec §3.3–3.6: every method gets the same budget).
 
     G: global for `global_fraction` of the steps, then P-ShareLoRA at lr/3 (spec §3.3). WU: global for
     `warmup_fraction`, then P-ShareLoRA continuing the same schedule. Share Rep: a global (shared) phase as long as
-    G's, then the bottom floor(shared_fraction * L) layers frozen and the top layers per-user, at lr/3 like G.
+    G's, then the bottom floor(shared_fraction * L) layers (or exactly `frozen_layers`) frozen and the top layers
+    per-user, at lr/3 like G.
     `linear`: the rate decays to 0 over the whole budget (the paper's schedule), else it is constant.
     """
     def rate(t: int) -> float:
@@ -92,7 +94,7 @@ def schedule(method: str, n_layers: int, steps: int, lr: float, linear: bool = F
     if method == "pshare_g":
         return [phase(0, t, GLOBAL), phase(t, steps, ("user", "shared"), start=lr / 3)]
     if method == "share_rep":
-        bottom = math.floor(shared_fraction * n_layers)
+        bottom = math.floor(shared_fraction * n_layers) if frozen_layers is None else frozen_layers
         modes = [("frozen", "frozen")] * bottom + [("user", "user")] * (n_layers - bottom)
         return [phase(0, t, GLOBAL), phase(t, steps, modes, start=lr / 3)]
     raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
