@@ -2,6 +2,7 @@ import numpy as np
 import pytest
 
 from collabalign.comm import Ledger, Message
+from collabalign.runs import RunDir
 
 
 def test_nbytes_is_length_of_serialisation_and_round_trips():
@@ -40,7 +41,8 @@ def test_ledger_totals_and_csv(tmp_path):
     led.record(1, "c1", "up", 7)
     assert led.total() == 117 and led.total("up") == 17 and led.total(round_=0) == 110
     assert led.per_round() == {0: {"down": 100, "up": 10}, 1: {"down": 0, "up": 7}}
-    led.write_csv(tmp_path / "l.csv")
-    assert Ledger.read_csv(tmp_path / "l.csv").rows == led.rows
+    run = RunDir(tmp_path)
+    run.write_ledgers({"m": led})
+    assert run.read_ledgers()["m"].rows == led.rows
     with pytest.raises(ValueError, match="direction"):
         led.record(0, "c0", "sideways", 1)

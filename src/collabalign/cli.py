@@ -8,6 +8,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 from collabalign.config import ConfigError, apply_overrides, read_yaml, validate
 from collabalign.experiments import EXPERIMENTS
@@ -23,16 +24,24 @@ def _experiment(name: str) -> ModuleType:
     return importlib.import_module(EXPERIMENTS[name])
 
 
-def run_config(path: Path, overrides: list[str], out: Path | None, progress: bool = True) -> Path:
-    """Validates the config, runs its experiment into a run directory and writes the report; returns report.md."""
-    data = apply_overrides(read_yaml(path), overrides)
+def load_config(path: Path, overrides: list[str] = ()) -> tuple[str, ModuleType, Any, bool]:
+    """A config file with overrides -> (experiment name, its module, its validated Config, smoke flag)."""
+    data = apply_overrides(read_yaml(path), list(overrides))
     name = data.pop("experiment", None)
     if name is None:
         raise ConfigError(f"{path}: missing key 'experiment' (one of {', '.join(sorted(EXPERIMENTS))})")
+    smoke = data.pop("smoke", False)  # a quick config: its report says it is a low-power smoke run
+    if not isinstance(smoke, bool):
+        raise ConfigError(f"{path}: smoke = {smoke!r}: must be true or false")
     module = _experiment(name)
-    cfg = validate(module.Config, data, str(path))
+    return name, module, validate(module.Config, data, str(path)), smoke
+
+
+def run_config(path: Path, overrides: list[str], out: Path | None, progress: bool = True) -> Path:
+    """Validates the config, runs its experiment into a run directory and writes the report; returns report.md."""
+    name, module, cfg, smoke = load_config(path, overrides)
     run = RunDir(out or Path("runs") / f"{name}-{path.stem}")
-    run.write_config({"experiment": name, **cfg.model_dump(mode="json")})
+    run.write_config({"experiment": name, "smoke": smoke, **cfg.model_dump(mode="json")})
     start = time.perf_counter()
     module.run(cfg, run, progress)
     print(f"{name}: finished in {time.perf_counter() - start:.1f} s", file=sys.stderr)

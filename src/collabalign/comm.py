@@ -7,11 +7,9 @@ Wire format: a safetensors file whose ``__metadata__`` holds ``{"meta": <compact
 
 from __future__ import annotations
 
-import csv
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -90,14 +88,3 @@ class Ledger:
         for r, _, d, b in self.rows:
             out.setdefault(r, {"down": 0, "up": 0})[d] += b
         return out
-
-    def write_csv(self, path: str | Path) -> None:
-        from collabalign.runs import atomic_write_text
-
-        lines = ["round,client,direction,bytes"] + [f"{r},{c},{d},{b}" for r, c, d, b in self.rows]
-        atomic_write_text(path, "\n".join(lines) + "\n")
-
-    @classmethod
-    def read_csv(cls, path: str | Path) -> Ledger:
-        with open(path, newline="") as f:
-            return cls([(int(r["round"]), r["client"], r["direction"], int(r["bytes"])) for r in csv.DictReader(f)])

@@ -8,12 +8,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from collabalign.runs import RunDir, atomic_write_text  # noqa: E402
+from collabalign.plotting import finish, line_plot, plt
+from collabalign.runs import RunDir, atomic_write_text
 
 
 def _fmt(value: Any) -> str:
@@ -62,31 +58,36 @@ def plot_bytes_per_round(run: RunDir, path: Path) -> bool:
         per_round = ledger.per_round()
         rounds = sorted(per_round)
         ax.plot(rounds, [(per_round[x]["down"] + per_round[x]["up"]) / 1e6 for x in rounds], marker=".", label=method)
-    _finish(fig, ax, "MB sent (down + up, all clients)", "communication per round", path)
+    finish(fig, ax, "MB sent (down + up, all clients)", "communication per round", path)
     return True
 
 
-def line_plot(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str,
-              title: str, log_x: bool = False) -> None:
-    """One line per label (x values, y values), saved as PNG at `path`."""
-    fig, ax = plt.subplots(figsize=(6, 4))
-    for label, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker=".", label=label)
-    if log_x:
-        ax.set_xscale("log", base=2)
-    _finish(fig, ax, ylabel, title, path, xlabel)
+SMOKE_LINE = ("**Smoke run.** This is a quick config: few seeds and short training, so its verdicts are low-power "
+              "checks that the pipeline runs, not evidence. The main config's report is the evidence.")
 
 
-def _finish(fig: plt.Figure, ax: plt.Axes, ylabel: str, title: str, path: Path, xlabel: str = "round") -> None:
-    """Labels a line plot, adds the legend and saves it as PNG."""
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+def claims_table(claims: list[dict[str, Any]]) -> list[str]:
+    """The claims as markdown: rule and margin, replicates, estimate with its 95% interval, verdict; a claim added
+    after its results were seen is marked post hoc; the measured context follows the table."""
+    lines = ["## Claims", "", "Every verdict is decided by `claims.py`: paired 95% t-intervals over seeds (bootstrap "
+             "from 20 replicates), fewer than 3 replicates inconclusive, Holm across cells.", "",
+             "| claim | expected | rule (margin) | n | estimate [95% interval] | verdict |",
+             "|---|---|---|---|---|---|"]
+    details = []
+    for c in claims:
+        name = c["name"] + (" *(post hoc)*" if c.get("post_hoc") else "")
+        scale = " on ratios" if c.get("scale") == "ratio" else ""
+        rule = f"{c['rule']}{scale} ({_fmt(c['margin'])})" if c.get("margin") not in (None, 0, 0.0) else \
+            f"{c['rule']}{scale}"
+        iv = c.get("interval")
+        estimate = _fmt(c["estimate"]) + (f" [{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "")
+        lines.append(f"| {name} | {c['expected']} | {rule} | {c['n']} | {estimate} | **{c['verdict']}** |")
+        context = {k: v for k, v in c.get("measured", {}).items()}
+        if "cells" in c:
+            context["cells"] = {k: f"{_fmt(v['estimate'])} {v['interval']}" for k, v in c["cells"].items()}
+        if context:
+            details.append(f"- {c['name']}: {_fmt(context)}")
+    return lines + ([""] + details if details else [])
 
 
 def write_report(path: str | Path, title: str = "", plot_metrics: tuple[str, ...] = ()) -> Path:
@@ -96,11 +97,11 @@ def write_report(path: str | Path, title: str = "", plot_metrics: tuple[str, ...
     records = run.read_metrics() if (run.path / "metrics.jsonl").exists() else []
     metrics_to_plot = plot_metrics or tuple(summary.get("plot_metrics", ("accuracy",)))  # [] in summary: none
     lines = [f"# {title or summary.get('title', run.path.name)}", ""]
+    if run.read_config().get("smoke"):
+        lines += [SMOKE_LINE, ""]
     if summary.get("notes"):
         lines += [line for n in summary["notes"] for line in (str(n), "")]  # a paragraph or table each
-    lines += ["## Claims", "", "| claim | expected | measured | verdict |", "|---|---|---|---|"]
-    for c in summary["claims"]:
-        lines.append(f"| {c['name']} | {c['expected']} | {_fmt(c['measured'])} | **{c['verdict']}** |")
+    lines += claims_table(summary["claims"])
     lines += ["", "## Metrics", "", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {_fmt(v)} |" for k, v in _flatten(summary.get("metrics", {})).items()]
     plots = []

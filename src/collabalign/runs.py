@@ -17,7 +17,6 @@ import yaml
 
 from collabalign.comm import Ledger
 
-VERDICTS = ("reproduced", "not reproduced", "inconclusive")
 _TRACKED_PACKAGES = ("torch", "numpy", "transformers", "peft", "flwr", "pydantic")
 
 
@@ -48,15 +47,16 @@ def environment() -> dict[str, Any]:
 
 
 def claim(name: str, verdict: str, measured: dict[str, Any], expected: str) -> dict[str, Any]:
-    """One claim as every experiment reports it."""
-    if verdict not in VERDICTS:
-        raise ValueError(f"verdict must be one of {VERDICTS}, got {verdict!r}")
-    return {"name": name, "verdict": verdict, "measured": measured, "expected": expected}
+    """TEMPORARY (issue 12): the old per-experiment verdicts, removed once every experiment decides through
+    claims.py."""
+    return {"name": name, "verdict": verdict, "measured": measured, "expected": expected, "rule": "legacy", "n": 0,
+            "estimate": None, "interval": None, "margin": None, "post_hoc": False}
 
 
 @dataclass
 class Part:
-    """What one part of a reproduction adds to its run: claims, metric records, summary metrics, report notes."""
+    """What one part of a reproduction adds to its run: claim records (from `claims.py`), metric records, summary
+    metrics, report notes."""
 
     claims: list[dict[str, Any]] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
@@ -76,6 +76,11 @@ class RunDir:
         snapshot = {"config": config, "environment": environment()}
         atomic_write_text(self.path / "config.yaml", yaml.safe_dump(snapshot, sort_keys=False))
 
+    def read_config(self) -> dict[str, Any]:
+        """The run's config as written by `write_config` ({} when there is none)."""
+        path = self.path / "config.yaml"
+        return yaml.safe_load(path.read_text())["config"] if path.exists() else {}
+
     def write_metrics(self, records: list[dict[str, Any]]) -> None:
         """metrics.jsonl: deterministic content only (no timings), so equal seeds give equal bytes."""
         lines = [json.dumps(r, sort_keys=True) for r in records]
@@ -91,6 +96,13 @@ class RunDir:
         extra = {k: v for k, v in (("notes", notes), ("plot_metrics", plot_metrics)) if v is not None}
         summary = {"claims": claims, "metrics": metrics, **extra}
         atomic_write_text(self.path / "summary.json", json.dumps(summary, indent=2))
+
+    def write_parts(self, parts: list[Part], plot_metrics: list[str] | None = None) -> None:
+        """A reproduction's parts, in order, as metrics.jsonl and summary.json (claims, metrics, notes)."""
+        self.write_metrics([r for part in parts for r in part.records])
+        metrics = {k: v for part in parts for k, v in part.metrics.items()}
+        self.write_summary([c for part in parts for c in part.claims], metrics,
+                           notes=[n for part in parts for n in part.notes], plot_metrics=plot_metrics)
 
     def read_summary(self) -> dict[str, Any]:
         return json.loads((self.path / "summary.json").read_text())

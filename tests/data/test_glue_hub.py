@@ -1,4 +1,4 @@
-"""GLUE from the hub with a fake `_load_dataset` (no network), and load_glue_any's choice of local files or hub."""
+"""GLUE from the hub with a fake `load_hub_dataset` (no network), and load_glue_any's choice of local files or hub."""
 
 import re
 
@@ -27,7 +27,7 @@ def calls(monkeypatch):
         seen.append((name, config, split))
         return HUB_ROWS[config]
 
-    monkeypatch.setattr(hub_module, "_load_dataset", fake)
+    monkeypatch.setattr(hub_module, "load_hub_dataset", fake)
     return seen
 
 
@@ -60,7 +60,7 @@ def test_load_glue_any_offline_says_where_the_files_go(tmp_path, monkeypatch):
     def missing(name, config, split):
         raise ImportError("loading from the Hugging Face hub needs the optional `datasets` package")
 
-    monkeypatch.setattr(hub_module, "_load_dataset", missing)
+    monkeypatch.setattr(hub_module, "load_hub_dataset", missing)
     where = re.escape(f"GLUE QQP: no folder {tmp_path / 'QQP'} holding its tsv files")
     with pytest.raises(ImportError, match=where + ".*datasets"):
         load_glue_any("QQP", "train", tmp_path)

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from collabalign.data import SYNTHETIC_TOPICS, glue_from_hub, hh_rlhf_from_hub, shared_data_dir, tiny_preferences
-from collabalign.data.hub import tldr_comparisons_from_hub
 from collabalign.data.synthetic import _POLITE, _RUDE
+from collabalign.data.tldr import tldr_comparisons_from_hub
 
 
 def test_tiny_preferences_deterministic_and_only_tone_differs():

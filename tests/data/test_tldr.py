@@ -8,7 +8,7 @@ import pytest
 
 from collabalign.data import DataError, load_tldr, load_tldr_users, tldr_texts
 from collabalign.data import hub as hub_module
-from collabalign.data.tldr import CNNDM, IDENTICAL, top_workers
+from collabalign.data.tldr import CNNDM, IDENTICAL, tldr_comparisons_from_hub, top_workers
 from tests.data.helpers import jsonl, write
 
 
@@ -185,7 +185,7 @@ def hub(monkeypatch):
         state["calls"].append((name, config, split))
         return state["rows"][split]
 
-    monkeypatch.setattr(hub_module, "_load_dataset", fake)
+    monkeypatch.setattr(hub_module, "load_hub_dataset", fake)
     return state
 
 
@@ -206,14 +206,14 @@ def test_hub_errors_name_the_row(hub):
     with pytest.raises(DataError, match=re.escape(f"comparisons[validation]:{line}: field 'choice'")):
         load_tldr_users(None)
     assert load_tldr_users(None, drop_invalid=True)[1].dropped["choice: missing field"] == 1
-    assert hub_module.tldr_comparisons_from_hub("validation").dropped["choice: missing field"] == 1
+    assert tldr_comparisons_from_hub("validation").dropped["choice: missing field"] == 1
 
 
 def test_offline_says_where_the_files_go(tmp_path, monkeypatch):
     def missing(name, config, split):
         raise ImportError("loading from the Hugging Face hub needs the optional `datasets` package")
 
-    monkeypatch.setattr(hub_module, "_load_dataset", missing)
+    monkeypatch.setattr(hub_module, "load_hub_dataset", missing)
     where = re.escape(f"TL;DR comparisons: no train.jsonl(.gz) in {tmp_path}, so the train split is loaded")
     with pytest.raises(ImportError, match=where + ".*datasets"):
         load_tldr_users(tmp_path)

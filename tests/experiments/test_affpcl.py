@@ -5,9 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from collabalign.cli import config_path
-from collabalign.config import read_yaml, validate
-from collabalign.experiments.affpcl import Config
+from collabalign.cli import config_path, load_config
 from collabalign.experiments.affpcl_digits import digits_claims
 from collabalign.methods.affpcl.digits import DIGITS_METHODS
 from collabalign.runs import RunDir
@@ -77,9 +75,8 @@ def test_same_config_and_seed_give_byte_identical_outputs(toy_runs):
 
 @pytest.mark.parametrize("name", ["quick", "main"])
 def test_configs_validate(name):
-    data = read_yaml(config_path("affpcl", quick=name == "quick"))
-    assert data.pop("experiment") == "affpcl"
-    cfg = validate(Config, data)
+    experiment, _, cfg, smoke = load_config(config_path("affpcl", quick=name == "quick"))
+    assert experiment == "affpcl" and smoke == (name == "quick")
     assert cfg.fig1.sets["main_text"] == [0.0, 0.05, 0.3, 0.8] and cfg.fig1.sets["appendix_b"] == [0.0, 0.05, 0.2, 0.5]
     assert cfg.reward.run and (cfg.reward.datasets == ["synthetic"] if name == "quick" else
                                cfg.reward.n_list == [5, 10, 20, 50] and "hh" in cfg.reward.datasets)
@@ -87,9 +84,7 @@ def test_configs_validate(name):
 
 def test_digits_figure_runs_on_the_quick_config(tmp_path):
     """Fig. 2 (digits substitute) exactly as the quick config sets it: every claim, plot and evaluation record."""
-    data = read_yaml(config_path("affpcl", quick=True))
-    data.pop("experiment")
-    cfg = validate(Config, data).digits
+    cfg = load_config(config_path("affpcl", quick=True))[2].digits
     metrics = {}
     claims, records = digits_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
     assert len(claims) == 4 * len(cfg.batches) and {c["verdict"] for c in claims} <= {

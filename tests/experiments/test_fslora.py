@@ -52,12 +52,11 @@ def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
     """The paper-scale config, with a tiny random BERT saved locally in place of roberta-base, on the CPU."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from collabalign.config import read_yaml, validate
-    from collabalign.experiments.fslora import Config
+    from collabalign.cli import load_config
     from collabalign.models.backbones import MINILM_PACKAGE, package_dir
 
     path = CONFIG_DIR / "fslora" / "gpu_roberta.yaml"
-    cfg = validate(Config, {k: v for k, v in read_yaml(path).items() if k != "experiment"})
+    cfg = load_config(path)[2]
     assert (cfg.glue.backbone, cfg.glue.lora_blocks, cfg.federation.rank) == ("roberta-base", 12, 64)
     assert cfg.glue.tasks == ["QNLI", "MRPC", "CoLA", "MNLI", "RTE", "SST-2", "QQP"]  # Table 5.1's order
     tiny = tmp_path / "tiny-bert"

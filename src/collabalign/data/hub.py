@@ -11,9 +11,6 @@ import numpy as np
 from collabalign.data.glue import TextDataset, glue_layout, load_glue
 from collabalign.data.hh_rlhf import hh_pair
 from collabalign.data.preferences import PreferenceSet, collect_pairs
-from collabalign.data.tldr import HUB_NAME as TLDR_HUB_NAME
-from collabalign.data.tldr import HUB_SUBSET as TLDR_HUB_SUBSET
-from collabalign.data.tldr import tldr_rows
 
 # GLUE task -> (hub config, first text column, second text column or None, dev split); hub labels match ours.
 _GLUE_HUB = {
@@ -28,8 +25,9 @@ _GLUE_HUB = {
 }
 
 
-def _load_dataset(name: str, config: str | None, split: str) -> Any:
-    """Import `datasets` only when a hub loader is called, with an actionable message when it is missing."""
+def load_hub_dataset(name: str, config: str | None, split: str) -> Any:
+    """One split of a hub dataset; imports `datasets` only when called, with an actionable message when it is
+    missing."""
     try:
         from datasets import load_dataset
     except ImportError as err:
@@ -42,7 +40,7 @@ def _load_dataset(name: str, config: str | None, split: str) -> Any:
 
 def hh_rlhf_from_hub(split: str = "test", drop_invalid: bool = True) -> PreferenceSet:
     """Anthropic/hh-rlhf (all subsets) split as load_hh_rlhf does; a few hub rows are malformed, hence counted drops."""
-    rows = _load_dataset("Anthropic/hh-rlhf", None, split)
+    rows = load_hub_dataset("Anthropic/hh-rlhf", None, split)
     source = f"hub:Anthropic/hh-rlhf[{split}]"
     return collect_pairs(
         source, enumerate(rows, start=1), lambda i, r: [hh_pair(r["chosen"], r["rejected"], source, i)], drop_invalid
@@ -55,7 +53,7 @@ def glue_from_hub(task: str, split: str = "dev") -> TextDataset:
     config, a, b, dev = _GLUE_HUB[task]
     if split not in ("train", "dev"):
         raise ValueError(f"unknown GLUE split {split!r}; expected 'train' or 'dev' (test splits have no labels)")
-    rows = _load_dataset("nyu-mll/glue", config, dev if split == "dev" else split)
+    rows = load_hub_dataset("nyu-mll/glue", config, dev if split == "dev" else split)
     dtype = np.float32 if layout.num_labels == 1 else np.int64
     return TextDataset(
         list(rows[a]),
@@ -76,11 +74,3 @@ def load_glue_any(task: str, split: str, root: str | Path | None) -> TextDataset
     except ImportError as err:
         where = "no GLUE root" if root is None else f"no folder {Path(root) / task}"
         raise ImportError(f"GLUE {task}: {where} holding its tsv files, so it is loaded from the hub: {err}") from err
-
-
-def tldr_comparisons_from_hub(split: str = "validation", drop_invalid: bool = True) -> PreferenceSet:
-    """openai/summarize_from_feedback comparisons (Reddit TL;DR) as load_tldr reads them: party = the labeler's
-    `worker` id; CNN/DM rows and ties are counted in `dropped`; malformed rows are counted too unless drop_invalid
-    is False."""
-    rows = _load_dataset(TLDR_HUB_NAME, TLDR_HUB_SUBSET, split)
-    return tldr_rows(f"hub:{TLDR_HUB_NAME}/{TLDR_HUB_SUBSET}[{split}]", enumerate(rows, start=1), drop_invalid)

@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from collabalign.data import hub
 from collabalign.data.errors import DataError
 from collabalign.data.jsonl import read_jsonl
 from collabalign.data.preferences import PreferencePair, PreferenceSet, checked_pair, collect_pairs
@@ -121,13 +122,19 @@ def tldr_split(root: str | Path | None, split: str, drop_invalid: bool = False) 
         for name in (f"{split}.jsonl", f"{split}.jsonl.gz"):
             if (Path(root) / name).is_file():
                 return load_tldr(Path(root) / name, drop_invalid)
-    from collabalign.data import hub  # here, not at the top: hub imports this module's row builder
-
     try:
-        return hub.tldr_comparisons_from_hub(split, drop_invalid)
+        return tldr_comparisons_from_hub(split, drop_invalid)
     except ImportError as err:
         where = "no root" if root is None else f"no {split}.jsonl(.gz) in {root}"
         raise ImportError(f"TL;DR comparisons: {where}, so the {split} split is loaded from the hub: {err}") from err
+
+
+def tldr_comparisons_from_hub(split: str = "validation", drop_invalid: bool = True) -> PreferenceSet:
+    """openai/summarize_from_feedback comparisons (Reddit TL;DR) as load_tldr reads them: party = the labeler's
+    `worker` id; CNN/DM rows and ties are counted in `dropped`; malformed rows are counted too unless drop_invalid
+    is False."""
+    rows = hub.load_hub_dataset(HUB_NAME, HUB_SUBSET, split)
+    return tldr_rows(f"hub:{HUB_NAME}/{HUB_SUBSET}[{split}]", enumerate(rows, start=1), drop_invalid)
 
 
 def top_workers(pairs: PreferenceSet, n_workers: int) -> list[str]:

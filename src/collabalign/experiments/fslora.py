@@ -22,7 +22,7 @@ from collabalign.methods.fslora.commonsense import commonsense_problem
 from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, glue_problem, teacher_student
 from collabalign.methods.fslora.theory import check_bias, check_rate, check_ratio_ordering, check_speedup
 from collabalign.models.backbones import load_backbone
-from collabalign.report import line_plot
+from collabalign.plotting import line_plot
 from collabalign.runs import RunDir, claim
 from collabalign.seeding import Seeds
 

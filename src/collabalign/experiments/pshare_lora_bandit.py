@@ -35,7 +35,7 @@ from collabalign.methods.pshare_lora.synthetic import (
     fit_model,
     generate,
 )
-from collabalign.report import line_plot
+from collabalign.plotting import line_plot
 from collabalign.runs import Part, RunDir, claim
 from collabalign.seeding import Seeds
 

@@ -36,7 +36,7 @@ from collabalign.methods.pshare_lora.synthetic import (
     model_for,
 )
 from collabalign.methods.pshare_lora.train import Prefs
-from collabalign.report import line_plot
+from collabalign.plotting import line_plot
 from collabalign.runs import Part, RunDir, claim
 from collabalign.seeding import Seeds
 

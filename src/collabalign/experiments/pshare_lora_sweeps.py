@@ -11,7 +11,7 @@ from collabalign.config import Strict
 from collabalign.fits import loglog_slope
 from collabalign.methods.pshare_lora import LABELS
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig
-from collabalign.report import line_plot
+from collabalign.plotting import line_plot
 from collabalign.runs import Part, RunDir, claim
 
 from .pshare_lora_claims import paired

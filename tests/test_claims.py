@@ -1,0 +1,177 @@
+"""claims.py: hand-computed intervals and every rule's edge cases (n < 3, ties, zero variance, margins, Holm)."""
+
+import math
+
+import numpy as np
+import pytest
+
+from collabalign import claims
+from collabalign.claims import equivalence, exact, in_band, interval, non_inferiority, not_run, slopes, superiority
+
+# t quantiles by hand from tables: t_{0.975, 2} = 4.302653, t_{0.975, 4} = 2.776445
+T2, T4 = 4.302653, 2.776445
+
+
+def test_t_interval_matches_hand_computation():
+    iv = interval([1.0, 2.0, 3.0])  # mean 2, sd 1, se 1/sqrt(3)
+    assert iv.method == "t" and iv.n == 3
+    assert iv.estimate == pytest.approx(2.0)
+    assert (iv.low, iv.high) == pytest.approx((2 - T2 / math.sqrt(3), 2 + T2 / math.sqrt(3)), abs=1e-5)
+    iv = interval([1.0, 2.0, 3.0, 4.0, 5.0])  # mean 3, sd sqrt(2.5), se sqrt(0.5)
+    assert (iv.low, iv.high) == pytest.approx((3 - T4 * math.sqrt(0.5), 3 + T4 * math.sqrt(0.5)), abs=1e-5)
+
+
+def test_zero_variance_interval_is_the_point():
+    iv = interval([0.3] * 5)
+    assert (iv.low, iv.estimate, iv.high) == pytest.approx((0.3, 0.3, 0.3))
+
+
+def test_bootstrap_from_twenty_replicates_is_deterministic_and_near_t():
+    v = np.random.default_rng(1).normal(1.0, 2.0, size=40)
+    a, b = interval(v), interval(v)
+    assert a.method == "bootstrap" and a == b
+    se = v.std(ddof=1) / math.sqrt(40)
+    assert a.low == pytest.approx(v.mean() - 1.96 * se, abs=0.25 * se)
+    assert a.high == pytest.approx(v.mean() + 1.96 * se, abs=0.25 * se)
+
+
+def test_single_replicate_has_no_interval_and_non_finite_is_refused():
+    assert math.isnan(interval([2.0]).low)
+    with pytest.raises(ValueError):
+        interval([1.0, float("nan"), 2.0])
+
+
+def test_superiority_rule():
+    c = superiority("A > B", "A above B")
+    b = np.zeros(3)
+    assert c.decide([1.0, 2.0, 3.0], [0.0, 0.0, 0.0])["verdict"] == "inconclusive"  # low end -0.48
+    assert c.decide([2.0, 3.0, 4.0], b)["verdict"] == "reproduced"  # [0.52, 5.48]
+    assert c.decide([-2.0, -3.0, -4.0], b)["verdict"] == "not reproduced"
+    rec = c.decide([2.0, 3.0, 4.0], b)
+    assert rec["n"] == 3 and rec["estimate"] == 3.0 and rec["rule"] == "superiority" and rec["post_hoc"] is False
+    assert rec["interval"] == pytest.approx([3 - T2 / math.sqrt(3), 3 + T2 / math.sqrt(3)], abs=1e-4)
+
+
+def test_ties_never_confirm():
+    c = superiority("A > B", "")
+    assert c.decide([0.5] * 5, [0.5] * 5)["verdict"] == "inconclusive"
+    assert c.decide([0.5, 0.6, 0.4], [0.5, 0.6, 0.4])["verdict"] == "inconclusive"
+    # with a declared smallest effect, an exact tie refutes the claim
+    assert superiority("A > B", "", smallest_effect=0.01).decide([0.5] * 5, [0.5] * 5)["verdict"] == "not reproduced"
+
+
+def test_smallest_effect_separates_small_from_unclear():
+    small = [0.10, 0.11, 0.09, 0.10, 0.10]  # [0.090, 0.110]
+    assert superiority("", "").decide(small)["verdict"] == "reproduced"
+    assert superiority("", "", smallest_effect=0.5).decide([-0.1, 0.1, 0.0, 0.05, -0.05])["verdict"] == \
+        "not reproduced"
+    assert superiority("", "").decide([-0.1, 0.1, 0.0, 0.05, -0.05])["verdict"] == "inconclusive"
+
+
+def test_fewer_than_three_replicates_is_always_inconclusive():
+    for rule in (superiority("", ""), non_inferiority("", "", 0.1), equivalence("", "", 0.1), in_band("", "", -1, 1)):
+        assert rule.decide([5.0, 5.0])["verdict"] == "inconclusive"
+        assert rule.decide([5.0])["interval"] is None
+
+
+def test_lower_is_better_mirrors_the_direction():
+    c = superiority("A has lower error", "", lower_is_better=True)
+    assert c.decide([1.0, 1.1, 0.9], [2.0, 2.2, 1.9])["verdict"] == "reproduced"
+    assert c.decide([2.0, 2.2, 1.9], [1.0, 1.1, 0.9])["verdict"] == "not reproduced"
+
+
+def test_non_inferiority_needs_a_margin_and_is_one_sided():
+    with pytest.raises(ValueError):
+        non_inferiority("", "", margin=0.0)
+    c = non_inferiority("A never worse than B", "", margin=0.5)
+    b = np.zeros(3)
+    assert c.decide([0.0, 0.0, 0.0], b)["verdict"] == "reproduced"  # a tie is within the margin
+    assert c.decide([5.0, 6.0, 7.0], b)["verdict"] == "reproduced"  # far better also passes (one-sided)
+    assert c.decide([-2.0, -3.0, -4.0], b)["verdict"] == "not reproduced"
+    assert c.decide([-0.5, 0.5, -1.0], b)["verdict"] == "inconclusive"
+    assert c.decide([0.0, 0.0, 0.0], b)["margin"] == 0.5
+
+
+def test_equivalence_is_two_sided():
+    c = equivalence("A ~ B", "", margin=0.5)
+    assert c.decide([0.1, -0.1, 0.0, 0.05, -0.05])["verdict"] == "reproduced"
+    assert c.decide([2.0, 2.1, 1.9])["verdict"] == "not reproduced"
+    assert c.decide([-2.0, -2.1, -1.9])["verdict"] == "not reproduced"
+    assert c.decide([0.0, 1.0, 0.5])["verdict"] == "inconclusive"
+
+
+def test_ratio_scale_uses_log_ratios_and_ratio_margins():
+    # AffPCL's "never worse than IL": MSE ratio at most 1.1 (margin 0.1), errors lower is better
+    c = non_inferiority("AffPCL never worse than IL", "", margin=0.1, scale="ratio", lower_is_better=True)
+    il = np.array([1.0, 2.0, 4.0])
+    rec = c.decide(0.52 * il, il)
+    assert rec["verdict"] == "reproduced" and rec["estimate"] == pytest.approx(0.52)
+    assert rec["interval"] == pytest.approx([0.52, 0.52])
+    assert c.decide(1.5 * il, il)["verdict"] == "not reproduced"
+    with pytest.raises(ValueError):
+        c.decide([1.0, -1.0, 1.0], il)
+
+
+def test_band_rule_for_slopes_fitted_per_seed():
+    x = np.array([1.0, 2.0, 4.0, 8.0])
+    y = np.stack([3 * x ** -0.5, 2 * x ** -0.55, 5 * x ** -0.45])
+    s = slopes(x, y)
+    assert s == pytest.approx([-0.5, -0.55, -0.45])
+    c = in_band("rate", "slope in [-0.75, -0.25]", -0.75, -0.25)
+    assert c.decide(s)["verdict"] == "reproduced"
+    assert in_band("", "", 0.0, 1.0).decide(s)["verdict"] == "not reproduced"
+    assert in_band("", "", -0.5, 0.0).decide(s)["verdict"] == "inconclusive"
+    assert slopes([1, 2, 3], [[1, 3, 5]], log_x=False, log_y=False) == pytest.approx([2.0])
+
+
+def test_exact_rule():
+    c = exact("upload is B bytes", "ledger up bytes = size of B")
+    assert c.decide(4096, 4096)["verdict"] == "reproduced"
+    assert c.decide(4097, 4096)["verdict"] == "not reproduced"
+    assert exact("", "", tolerance=1e-6).decide(1.0 + 1e-9, 1.0)["verdict"] == "reproduced"
+
+
+def test_every_cell_with_holm():
+    strong = [1.0, 1.1, 0.9, 1.05, 0.95]
+    weak = [0.2, -0.1, 0.3, 0.1, 0.0]
+    c = superiority("best in every cell", "")
+    zeros = np.zeros(5)
+    assert c.decide_cells({"a": (strong, zeros), "b": (strong, zeros)})["verdict"] == "reproduced"
+    rec = c.decide_cells({"a": (strong, zeros), "b": (weak, zeros)})
+    assert rec["verdict"] == "inconclusive" and rec["worst_cell"] == "b"
+    assert rec["holm"] == {"confirmed": 1, "refuted": 0, "cells": 2}
+    bad = [-1.0, -1.1, -0.9, -1.05, -0.95]
+    assert c.decide_cells({"a": (strong, zeros), "b": (bad, zeros)})["verdict"] == "not reproduced"
+
+
+def test_holm_is_stricter_than_one_cell():
+    # significant alone (t = 3.2 on 4 df: one-sided p ~ 0.016 < 0.025), not once Holm halves the level for 2 cells
+    v = np.array([0.3, 0.25, 0.0, 0.3, 0.1])
+    c = superiority("", "")
+    assert c.decide(v)["verdict"] == "reproduced"
+    twin = {"a": (v, np.zeros(5)), "b": (v, np.zeros(5))}
+    assert c.decide_cells(twin)["verdict"] == "inconclusive"
+
+
+def test_non_inferiority_in_every_cell_with_ties():
+    c = non_inferiority("never worse anywhere", "", margin=0.05)
+    tie = np.full(5, 0.7)
+    assert c.decide_cells({"x": (tie, tie), "y": (tie + 0.1, tie)})["verdict"] == "reproduced"
+    with pytest.raises(ValueError):
+        equivalence("", "", 0.1).decide_cells({"x": (tie, tie)})
+
+
+def test_not_run_record_and_verdicts_are_known():
+    rec = not_run(superiority("A > B", ""), "part switched off")
+    assert rec["verdict"] == "inconclusive" and rec["n"] == 0 and rec["measured"] == {"not_run": "part switched off"}
+    assert set(claims.VERDICTS) == {"reproduced", "not reproduced", "inconclusive"}
+
+
+def test_record_is_json_ready():
+    import json
+
+    rec = superiority("", "").decide(np.array([1.0, 2.0, 3.0]), 0.0, arm_means={"a": np.float32(2.0)},
+                                     counts=np.array([1, 2]))
+    json.dumps(rec, allow_nan=False)
+    for key in ("rule", "n", "estimate", "interval", "margin", "post_hoc"):
+        assert key in rec
