@@ -5,9 +5,8 @@ import numpy as np
 import torch
 
 from collabalign.data import dirichlet, tiny_preferences
-from collabalign.lora import inject_lora
 from collabalign.methods.reward_trainer import RewardTrainer, encode_pairs
-from collabalign.models.pooled import layer_stack, top_block_targets
+from collabalign.models.cached import lora_top_blocks
 from collabalign.models.reward import RewardModel
 
 
@@ -15,12 +14,11 @@ def reward_problem(backbone, targets, n_pairs=120, n_clients=3, lr=1e-3, epochs=
     """(trainer, {client id: EncodedPairs}, all training pairs encoded)."""
     pairs = tiny_preferences(n_pairs, np.random.default_rng(0)).pairs
     model = RewardModel(backbone.model, backbone.causal)
-    inject_lora(model.backbone, top_block_targets(model.backbone, n_blocks, targets), rank=4)
-    split = len(layer_stack(model.backbone)[1]) - n_blocks
+    split = lora_top_blocks(model, n_blocks, targets, rank=4)
     encoded = encode_pairs(model, backbone.tokenizer, pairs, 32, split)
     n_test = n_pairs // 4
     test, train = encoded[torch.arange(n_test)], encoded[torch.arange(n_test, n_pairs)]
     topics = [p.attributes["topic"] for p in pairs[n_test:]]
     parts = dirichlet(topics, n_clients, 1.0, np.random.default_rng(1), min_size=8)
-    trainer = RewardTrainer(model, split, test, lr=lr, epochs=epochs, batch_size=8)
+    trainer = RewardTrainer(model, test, lr=lr, epochs=epochs, batch_size=8)
     return trainer, {f"c{i}": train[p] for i, p in enumerate(parts)}, train

@@ -20,8 +20,8 @@ def test_encoded_pairs_keep_chosen_and_rejected_aligned(tiny_problem):
     sub = train[np.array([4, 1])]
     assert len(sub) == 2
     for row, pair in enumerate([4, 1]):
-        assert torch.equal(sub.tokens.input_ids[row], train.tokens.input_ids[pair])
-        assert torch.equal(sub.tokens.input_ids[2 + row], train.tokens.input_ids[len(train) + pair])
+        assert torch.equal(sub.texts.tokens.input_ids[row], train.texts.tokens.input_ids[pair])
+        assert torch.equal(sub.texts.tokens.input_ids[2 + row], train.texts.tokens.input_ids[len(train) + pair])
     tokens, features = train.batch(torch.tensor([0, 1, 2]))
     assert tokens.attention_mask[:, -1].any() and features.shape[:2] == tokens.input_ids.shape
 

@@ -20,9 +20,10 @@ from collabalign.data.tldr_like import generate
 from collabalign.experiments.pshare_lora_claims import ordering_claims
 from collabalign.methods.pshare_lora import LABELS, METHODS, Prefs
 from collabalign.methods.pshare_lora.hh_pairs import hh_pairs, hh_texts
-from collabalign.methods.pshare_lora.text import FeatureCache, TextTraining, encode, fit
+from collabalign.methods.pshare_lora.text import TextTraining, encode, fit
 from collabalign.methods.pshare_lora.train import per_user_mean
 from collabalign.models.backbones import Backbone, load_backbone
+from collabalign.models.cached import TextCache
 from collabalign.models.reward import pair_correct
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
@@ -120,7 +121,7 @@ def text_part(cfg: TextConfig, seeds: list[int], run_dir: RunDir, progress: bool
     return part
 
 
-def tldr_data(cfg: TextConfig, backbone: Backbone) -> tuple[Prefs, Prefs, FeatureCache]:
+def tldr_data(cfg: TextConfig, backbone: Backbone) -> tuple[Prefs, Prefs, TextCache]:
     """The real TL;DR comparisons of the top `users` labelers (balanced, seed 42 as the paper's code), their texts
     (post + summary) encoded once: chosen / rejected of pair k are rows 2k / 2k + 1, train pairs first."""
     train, valid, _ = load_tldr_users(cfg.data_root, cfg.users, 42, cfg.n_train or None, cfg.n_test or None)
@@ -134,7 +135,7 @@ def tldr_data(cfg: TextConfig, backbone: Backbone) -> tuple[Prefs, Prefs, Featur
 
 
 def source_data(source: str, cfg: TextConfig, seed: int, backbone: Backbone,
-                hh_cache: tuple | None) -> tuple[AttributePairs, FeatureCache, tuple | None]:
+                hh_cache: tuple | None) -> tuple[AttributePairs, TextCache, tuple | None]:
     """The seed's pairs and their cached features: TL;DR-like texts are drawn per seed, HH texts encoded once."""
     if source == "tldr_like":
         pairs = generate(cfg.users, cfg.n_train, cfg.n_test, seed)

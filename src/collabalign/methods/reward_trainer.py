@@ -13,47 +13,44 @@ from torch import Tensor
 from collabalign.data.preferences import PreferencePair
 from collabalign.lora.inject import lora_layers
 from collabalign.methods.fedavg import Params
-from collabalign.models.pooled import Tokens, tokenize
+from collabalign.models.cached import TextCache, cache_texts
+from collabalign.models.pooled import Tokens
 from collabalign.models.reward import RewardModel, bt_loss, pair_texts, preference_accuracy
 from collabalign.seeding import Seeds
 
 
 @dataclass
 class EncodedPairs:
-    """n pairs as 2n texts (rows :n chosen, n: rejected): tokens and the features entering block `split`."""
+    """n pairs as 2n cached texts: rows :n the chosen, rows n: the rejected replies."""
 
-    tokens: Tokens
-    features: Tensor
+    texts: TextCache
 
     def __len__(self) -> int:
-        return len(self.tokens) // 2
+        return len(self.texts) // 2
 
     def __getitem__(self, pairs: Tensor | np.ndarray) -> EncodedPairs:
         """The subset of pairs `pairs` (indices), keeping the chosen-then-rejected layout."""
-        rows = torch.cat([torch.as_tensor(pairs), torch.as_tensor(pairs) + len(self)])
-        return EncodedPairs(self.tokens[rows], self.features[rows])
+        return EncodedPairs(self.texts[torch.cat([torch.as_tensor(pairs), torch.as_tensor(pairs) + len(self)])])
 
-    def batch(self, pairs: Tensor) -> tuple[Tokens, Tensor]:
+    def batch(self, pairs: Tensor) -> tuple[Tokens, Tensor | None]:
         """Tokens and features of `pairs` (chosen then rejected), trimmed to the longest real text among them."""
-        sub = self[pairs]
-        tokens = sub.tokens.trimmed()
-        return tokens, sub.features[:, : tokens.input_ids.shape[1]]
+        return self[pairs].texts.batch(torch.arange(2 * len(pairs)))
 
 
 def encode_pairs(model: RewardModel, tokenizer, pairs: Sequence[PreferencePair], max_length: int,
                  split: int) -> EncodedPairs:
     """Tokenises prompt+reply texts and runs the frozen blocks below `split` once."""
     chosen, rejected = pair_texts(pairs)
-    tokens = tokenize(tokenizer, chosen + rejected, max_length)
-    return EncodedPairs(tokens, model.lower_features(tokens, split))
+    return EncodedPairs(cache_texts(model, tokenizer, chosen + rejected, max_length, split))
 
 
 class RewardTrainer:
     """Trains the LoRA factors and the head of `model` (everything else frozen) with AdamW, fresh each call."""
 
-    def __init__(self, model: RewardModel, split: int, test: EncodedPairs, lr: float, epochs: int,
-                 batch_size: int, eval_batch_size: int = 128):
-        self.model, self.split, self.test = model, split, test
+    def __init__(self, model: RewardModel, test: EncodedPairs, lr: float, epochs: int, batch_size: int,
+                 eval_batch_size: int = 128):
+        self.model, self.test = model, test
+        self.split = test.texts.split  # every EncodedPairs it sees caches the same blocks
         self.lr, self.epochs, self.batch_size, self.eval_batch_size = lr, epochs, batch_size, eval_batch_size
 
     def trainable(self) -> dict[str, Tensor]:
@@ -78,7 +75,7 @@ class RewardTrainer:
             for name, p in self.trainable().items():
                 p.copy_(torch.from_numpy(params[name]))
 
-    def rewards(self, tokens: Tokens, features: Tensor) -> tuple[Tensor, Tensor]:
+    def rewards(self, tokens: Tokens, features: Tensor | None) -> tuple[Tensor, Tensor]:
         r = self.model(tokens, features, self.split)
         return r[: len(r) // 2], r[len(r) // 2:]
 

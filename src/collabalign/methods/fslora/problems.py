@@ -22,9 +22,10 @@ from torch import Tensor, nn
 
 from collabalign.data.glue import glue_metric
 from collabalign.data.hub import load_glue_any
-from collabalign.lora.inject import inject_lora, lora_layers
+from collabalign.lora.inject import lora_layers
 from collabalign.models.backbones import Backbone
-from collabalign.models.pooled import PooledModel, Tokens, layer_stack, tokenize, top_block_targets
+from collabalign.models.cached import CachedModel, cache_texts, lora_top_blocks
+from collabalign.models.pooled import PooledModel
 from collabalign.seeding import Seeds
 
 Params = dict[str, np.ndarray]
@@ -173,23 +174,6 @@ def teacher_student(seeds: Seeds, n_train: int, n_test: int, dim: int = 64, clas
     return student, data[:n_train], data[n_train:]
 
 
-class CachedTextClassifier(nn.Module):
-    """A `PooledModel` whose input is a tensor of row indices into texts tokenised once, with (when `split` > 0)
-    the features entering block `split` cached, so a device step runs only the LoRA blocks and the head."""
-
-    def __init__(self, pooled: PooledModel, tokens: Tokens, split: int):
-        super().__init__()
-        self.pooled, self.split, self.tokens = pooled, split, tokens  # tokens, features: CPU, not in state_dict
-        self.features = pooled.lower_features(tokens, split) if split > 0 else None
-
-    def forward(self, rows: Tensor) -> Tensor:
-        cpu_rows = rows.cpu()
-        tokens = self.tokens[cpu_rows].trimmed()
-        length = tokens.input_ids.shape[1]
-        features = None if self.features is None else self.features[cpu_rows, :length].to(rows.device)
-        return self.pooled(tokens.to(rows.device), features, self.split)
-
-
 def glue_problem(task: str, root: Path | None, backbone: Backbone, seeds: Seeds, rank: int, max_train: int,
                  max_length: int, lora_blocks: int, targets: list[str], steps: int, lr: float,
                  batch_size: int = 16, max_test: int | None = None, device: str = "cpu",
@@ -208,10 +192,9 @@ def glue_problem(task: str, root: Path | None, backbone: Backbone, seeds: Seeds,
     text_a = pick(train_set.text_a, keep) + dev_set.text_a
     text_b = pick(train_set.text_b, keep) + dev_set.text_b if train_set.text_b is not None else None
     pooled = PooledModel(copy.deepcopy(backbone.model), backbone.causal, train_set.num_labels)  # caller's stays
-    inject_lora(pooled.backbone, top_block_targets(pooled.backbone, lora_blocks, targets), rank)
-    split = len(layer_stack(pooled.backbone)[1]) - lora_blocks
-    tokens = tokenize(backbone.tokenizer, text_a, max_length, text_b, truncation_side="right")
-    model = CachedTextClassifier(pooled.to(device), tokens, split)
+    split = lora_top_blocks(pooled, lora_blocks, targets, rank)
+    model = CachedModel(pooled.to(device), cache_texts(pooled, backbone.tokenizer, text_a, max_length, split, text_b,
+                                                       truncation_side="right"))
     labels = torch.from_numpy(np.concatenate([train_set.labels[keep], dev_set.labels]))
     rows = torch.arange(len(labels))
     data = ClassificationData(rows, labels)

@@ -14,11 +14,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from collabalign.lora.inject import inject_lora, lora_layers, routed
+from collabalign.lora.inject import lora_layers, routed
 from collabalign.lora.layer import Blocks, Party
 from collabalign.methods.pshare_lora.train import Prefs, per_user_mean, prepare, schedule, train
 from collabalign.models.backbones import Backbone
-from collabalign.models.pooled import PooledModel, Tokens, layer_stack, tokenize, top_block_targets
+from collabalign.models.cached import CachedModel, TextCache, cache_texts, lora_top_blocks
+from collabalign.models.pooled import PooledModel, layer_stack
 from collabalign.models.reward import pair_correct
 from collabalign.seeding import Seeds
 
@@ -26,23 +27,12 @@ TARGETS = ("query", "key")
 PER_USER_HEAD = ("local", "share_rep")
 
 
-@dataclass
-class FeatureCache:
-    """Tokens of every text and the hidden states entering block `split` (frozen below), computed once; with LoRA in
-    every block (split 0) there is nothing to cache and the whole backbone runs each step."""
-
-    tokens: Tokens
-    features: Tensor | None
-    split: int
-
-
 def encode(backbone: Backbone, texts: Sequence[str], max_length: int, lora_blocks: int,
-           second: Sequence[str] | None = None, truncation_side: str = "left") -> FeatureCache:
+           second: Sequence[str] | None = None, truncation_side: str = "left") -> TextCache:
     """Tokenises the texts (or text pairs) and runs the frozen blocks below the top `lora_blocks` once."""
     pooled = PooledModel(backbone.model, backbone.causal, 1)  # only its frozen lower blocks run, without grad
     split = max(0, len(layer_stack(pooled.backbone)[1]) - lora_blocks)
-    tokens = tokenize(backbone.tokenizer, texts, max_length, second, truncation_side)
-    return FeatureCache(tokens, pooled.lower_features(tokens, split) if split else None, split)
+    return cache_texts(pooled, backbone.tokenizer, texts, max_length, split, second, truncation_side)
 
 
 class RoutedHead(nn.Module):
@@ -70,19 +60,17 @@ class RoutedHead(nn.Module):
         return ((x * self.weight[party]).sum(-1) + self.bias[party]).unsqueeze(-1)  # int or (N,) party
 
 
-class TextRewardModel(nn.Module):
+class TextRewardModel(CachedModel):
     """r_i(text row) with LoRA (rank, alpha, dropout) on `query`/`key` of the top blocks above `cache.split`."""
 
-    def __init__(self, backbone: Backbone, cache: FeatureCache, rank: int, alpha: float, dropout: float,
+    def __init__(self, backbone: Backbone, cache: TextCache, rank: int, alpha: float, dropout: float,
                  n_users: int, per_user_head: bool, generator: torch.Generator, targets: Sequence[str] = TARGETS,
                  checkpointing: bool = False):
-        super().__init__()
         pooled = PooledModel(copy.deepcopy(backbone.model), backbone.causal, 1, generator)  # the caller's stays bare
         n_blocks = len(layer_stack(pooled.backbone)[1])
-        inject_lora(pooled.backbone, top_block_targets(pooled.backbone, n_blocks - cache.split, targets), rank,
-                    alpha, dropout=dropout)
+        lora_top_blocks(pooled, n_blocks - cache.split, targets, rank, alpha, dropout)
         pooled.head = RoutedHead(pooled.head.in_features, n_users if per_user_head else None, generator)
-        self.pooled, self.cache = pooled, cache  # the cache is a plain attribute: shared, not in state_dict
+        super().__init__(pooled, cache)  # the cache is a plain attribute: shared, not in state_dict
         self.lora = tuple(lora_layers(pooled).values())  # a tuple, so not registered twice as submodules
         for layer in self.lora:  # trainable factors in float32 whatever the backbone's dtype
             layer.A, layer.B = nn.Parameter(layer.A.detach().float()), nn.Parameter(layer.B.detach().float())
@@ -92,11 +80,7 @@ class TextRewardModel(nn.Module):
 
     def forward(self, rows: Tensor) -> Tensor:
         self.pooled.head.party = self.lora[0].party
-        device = self.pooled.head.weight.device
-        tokens = self.cache.tokens[rows].trimmed()
-        features = None if self.cache.features is None else self.cache.features[rows, : tokens.input_ids.shape[1]]
-        features = None if features is None else features.to(device)
-        return self.pooled(tokens.to(device), features, self.cache.split).squeeze(-1)
+        return super().forward(rows).squeeze(-1)
 
     def lora_dropout(self, on: bool) -> None:
         """The backbone's own dropout off (as in the paper's models), LoRA dropout `on`. With gradient checkpointing
@@ -137,7 +121,7 @@ class TextTraining:
     checkpointing: bool = False
 
 
-def fit(backbone: Backbone, cache: FeatureCache, data: Prefs, test: Prefs, method: str, n_users: int,
+def fit(backbone: Backbone, cache: TextCache, data: Prefs, test: Prefs, method: str, n_users: int,
         tc: TextTraining, seed: int) -> dict:
     """Trains `method` for `epochs` passes' worth of steps and returns held-out accuracy (overall, per user)."""
     g = Seeds(seed).torch(f"text-{method}")

@@ -1,68 +1,34 @@
-"""Quickstart: FedAvg-LoRA Bradley–Terry reward modelling over 8 clients holding HH-RLHF harmless pairs split
-by topic, against local-only and centralised training with the same local compute (epochs over one's data)."""
+"""The quickstart's one part: FedAvg-LoRA Bradley–Terry reward modelling over clients holding HH-RLHF harmless
+pairs split by topic, against local-only and centralised training with the same local compute."""
 
 from __future__ import annotations
 
 import sys
 import time
-from typing import Literal
 
 import numpy as np
 import torch
 
-from collabalign.config import Strict
+from collabalign.claims import non_inferiority, superiority
 from collabalign.data import PreferenceSet, dirichlet, label_skew, load_hh_rlhf, shared_data_dir, tiny_preferences
+from collabalign.experiments.quickstart.config import Config, DataConfig
 from collabalign.federation import simulate
-from collabalign.lora.inject import inject_lora
 from collabalign.methods.fedavg import FedAvg, LocalOnly
 from collabalign.methods.reward_trainer import RewardTrainer, encode_pairs
 from collabalign.models.backbones import load_backbone
-from collabalign.models.pooled import layer_stack, top_block_targets
-from collabalign.models.reward import RewardModel
-from collabalign.runs import RunDir, claim
+from collabalign.models.cached import lora_top_blocks
+from collabalign.models.reward import RewardModel, pair_correct
+from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
-TITLE = "Quickstart: FedAvg-LoRA reward modelling on HH-RLHF harmless pairs"
 HH_FILE = ("hh-rlhf", "harmless-base-test.jsonl.gz")
 
-
-class DataConfig(Strict):
-    source: Literal["hh-rlhf", "synthetic"] = "hh-rlhf"
-    max_pairs: int | None = None  # the first N valid pairs of the file
-    synthetic_pairs: int = 400
-    test_fraction: float = 0.2
-    max_length: int = 64  # tokens per prompt+reply text, truncated from the left (the reply is kept)
-
-
-class SplitConfig(Strict):
-    clients: int = 8
-    attribute: str = "topic"  # a text attribute of each pair (HH-RLHF: keyword topic of the human turns)
-    alpha: float = 0.5
-    min_pairs: int = 16
-
-
-class ModelConfig(Strict):
-    backbone: str = "minilm-l6"
-    lora_blocks: int = 1  # LoRA in the top N blocks; the blocks below run once, as cached features
-    targets: list[str] = ["query", "value"]
-    rank: int = 8
-    alpha: float = 16.0
-
-
-class TrainConfig(Strict):
-    rounds: int = 10
-    local_epochs: int = 1
-    batch_size: int = 16
-    lr: float = 1e-3  # a common LoRA default, fixed a priori and shared by all methods
-    local_only_eval_every: int = 5  # each local-only evaluation costs one test pass per client
-
-
-class Config(Strict):
-    seeds: list[int] = [0]
-    data: DataConfig = DataConfig()
-    split: SplitConfig = SplitConfig()
-    model: ModelConfig = ModelConfig()
-    train: TrainConfig = TrainConfig()
+BEATS_LOCAL = superiority(
+    "FedAvg-LoRA beats local-only", "final held-out accuracy (points) of FedAvg-LoRA above the mean over clients of "
+    "their local-only models', paired over seeds")
+NEAR_CENTRAL = non_inferiority(
+    "FedAvg-LoRA is within 3 points of centralised", "FedAvg-LoRA's final held-out accuracy at most 3 points below "
+    "centralised training's on the same pairs (one-sided), paired over seeds", margin=3.0)
 
 
 def load_pairs(cfg: DataConfig, notes: list[str]) -> PreferenceSet:
@@ -83,26 +49,13 @@ def load_pairs(cfg: DataConfig, notes: list[str]) -> PreferenceSet:
     return data
 
 
-def correct(trainer: RewardTrainer, params) -> torch.Tensor:
-    """Per held-out pair: 1 if ranked right, 0.5 on a tie, 0 if wrong."""
-    chosen, rejected = trainer.test_rewards(params)
-    return (chosen > rejected).double() + 0.5 * (chosen == rejected).double()
-
-
-def paired(a: torch.Tensor, b: torch.Tensor) -> tuple[float, float]:
-    """Mean of a - b over the same test pairs and its standard error, in accuracy points."""
-    d = (a - b) * 100
-    return float(d.mean()), float(d.std() / len(d) ** 0.5)
-
-
-def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
+def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part:
+    """FedAvg-LoRA, local-only and centralised over the seeds; writes the ledgers, returns the part."""
     notes: list[str] = []
     pairs = load_pairs(cfg.data, notes)
     backbone = load_backbone(cfg.model.backbone)
     model = RewardModel(backbone.model, backbone.causal)
-    inject_lora(model.backbone, top_block_targets(model.backbone, cfg.model.lora_blocks, cfg.model.targets),
-                cfg.model.rank, cfg.model.alpha)
-    split = len(layer_stack(model.backbone)[1]) - cfg.model.lora_blocks
+    split = lora_top_blocks(model, cfg.model.lora_blocks, cfg.model.targets, cfg.model.rank, cfg.model.alpha)
     t0 = time.perf_counter()
     if progress:
         print(f"quickstart: running {2 * len(pairs)} texts through the {split} frozen blocks once", file=sys.stderr)
@@ -122,8 +75,7 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
                           "client_pairs": [len(p) for p in parts],
                           "label_skew_tv": round(label_skew(parts, labels[train_idx]), 4),
                           "shorter_reply_accuracy": float(shorter[test_idx].mean())})
-        trainer = RewardTrainer(model, split, encoded[test_idx], cfg.train.lr, cfg.train.local_epochs,
-                                cfg.train.batch_size)
+        trainer = RewardTrainer(model, encoded[test_idx], cfg.train.lr, cfg.train.local_epochs, cfg.train.batch_size)
         runs = {"fedavg-lora": (FedAvg(trainer), clients, 1),
                 "local-only": (LocalOnly(trainer), clients, cfg.train.local_only_eval_every),
                 "centralised": (FedAvg(trainer), {"central": encoded[train_idx]}, 1)}
@@ -134,14 +86,14 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
             times[f"{method}/seed{seed}"] = round(time.perf_counter() - start, 2)
             records += [{"method": method, "seed": seed, **r} for r in result.metrics]
             if method == "local-only":  # per test pair: the mean over clients of their own models' correctness
-                finals[method, seed] = torch.stack([correct(trainer, c.state) for c in result.clients.values()]).mean(0)
+                finals[method, seed] = torch.stack([pair_correct(*trainer.test_rewards(c.state))
+                                                    for c in result.clients.values()]).mean(0)
             else:
-                finals[method, seed] = correct(trainer, result.state)
+                finals[method, seed] = pair_correct(*trainer.test_rewards(result.state))
             if seed == cfg.seeds[0] and method != "centralised":
                 ledgers[method] = result.ledger
-    run_dir.write_metrics(records)
     run_dir.write_ledgers(ledgers)
-    claims, metrics = evaluate_claims(cfg, finals), {}
+    metrics = {}
     metrics["final_accuracy"] = {m: round(float(np.mean([finals[m, s].mean() for s in cfg.seeds])), 4)
                                  for m in ("fedavg-lora", "local-only", "centralised")}
     metrics["data"] = {"source": pairs.source, "pairs": len(pairs), "dropped": pairs.dropped,
@@ -152,28 +104,17 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
                  f"attribute; {cfg.model.backbone} with rank-{cfg.model.rank} LoRA on {cfg.model.targets} of the top "
                  f"{cfg.model.lora_blocks} block(s); {cfg.train.rounds} rounds x {cfg.train.local_epochs} local "
                  f"epoch(s); centralised trains the same epochs on all training pairs.")
-    run_dir.write_summary(claims, metrics, notes=notes, plot_metrics=["accuracy", "loss"])
+    return Part(decide_claims(cfg, finals), records, metrics, notes)
 
 
-def evaluate_claims(cfg: Config, finals: dict) -> list[dict]:
-    """Both claims from paired per-test-pair differences, averaged over seeds; the verdict is inconclusive when
-    the threshold lies within 1.96 standard errors of the measured difference."""
-    def diff(a: str, b: str) -> tuple[float, float]:
-        stats = [paired(finals[a, s], finals[b, s]) for s in cfg.seeds]
-        return (float(np.mean([m for m, _ in stats])),
-                float(np.sqrt(np.sum([se**2 for _, se in stats])) / len(stats)))
+def accuracy_points(finals: dict, method: str, seeds: list[int]) -> np.ndarray:
+    """Per seed: the method's final held-out accuracy in points."""
+    return np.array([100 * float(finals[method, s].mean()) for s in seeds])
 
-    gain, gain_se = diff("fedavg-lora", "local-only")
-    gap, gap_se = diff("centralised", "fedavg-lora")
-    beats = "reproduced" if gain > 1.96 * gain_se else "not reproduced" if gain <= 0 else "inconclusive"
-    within = ("reproduced" if gap + 1.96 * gap_se <= 3 else "not reproduced" if gap - 1.96 * gap_se > 3
-              else "inconclusive")
-    seeds = len(cfg.seeds)
-    return [
-        claim("FedAvg-LoRA beats local-only", beats,
-              {"gain_points": round(gain, 2), "se": round(gain_se, 2), "seeds": seeds},
-              "final held-out accuracy of FedAvg-LoRA above the mean of the clients' local-only models"),
-        claim("FedAvg-LoRA is within 3 points of centralised", within,
-              {"gap_points": round(gap, 2), "se": round(gap_se, 2), "seeds": seeds},
-              "centralised accuracy minus FedAvg-LoRA accuracy <= 3 points"),
-    ]
+
+def decide_claims(cfg: Config, finals: dict) -> list[dict]:
+    """Both claims on per-seed accuracies, paired by seed (the seed draws the test split, the clients' split and
+    the initialisation)."""
+    fed, local, central = (accuracy_points(finals, m, cfg.seeds) for m in ("fedavg-lora", "local-only", "centralised"))
+    means = {"fedavg_lora": fed.mean(), "local_only": local.mean(), "centralised": central.mean()}
+    return [BEATS_LOCAL.decide(fed, local, mean_points=means), NEAR_CENTRAL.decide(fed, central, mean_points=means)]

@@ -1,0 +1,70 @@
+"""LoRA reward models and classifiers on cached lower blocks, built one way for every reproduction.
+
+`lora_top_blocks` puts LoRA into the top blocks of a pooled model and returns the split below them; `cache_texts`
+tokenises texts once and runs the frozen blocks below the split once; `CachedModel` scores cached texts by row
+index, so a training step costs only the LoRA blocks and the head."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+
+from collabalign.lora.inject import inject_lora
+from collabalign.models.pooled import PooledModel, Tokens, layer_stack, tokenize, top_block_targets
+
+
+def lora_top_blocks(model: PooledModel, lora_blocks: int, targets: Sequence[str], rank: int,
+                    alpha: float | None = None, dropout: float = 0.0) -> int:
+    """LoRA on the linear layers `targets` of the top `lora_blocks` blocks (the whole backbone frozen); returns the
+    number of blocks below them, which `cache_texts` may run once (0 when every block has LoRA)."""
+    n_blocks = len(layer_stack(model.backbone)[1])
+    lora_blocks = min(lora_blocks, n_blocks)
+    inject_lora(model.backbone, top_block_targets(model.backbone, lora_blocks, list(targets)), rank, alpha,
+                dropout=dropout)
+    return n_blocks - lora_blocks
+
+
+@dataclass
+class TextCache:
+    """Tokens of every text and the hidden states entering block `split` (CPU; None when split is 0, so the whole
+    backbone runs each step)."""
+
+    tokens: Tokens
+    features: Tensor | None
+    split: int
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def __getitem__(self, rows: Tensor) -> TextCache:
+        return TextCache(self.tokens[rows], None if self.features is None else self.features[rows], self.split)
+
+    def batch(self, rows: Tensor, device: torch.device | str = "cpu") -> tuple[Tokens, Tensor | None]:
+        """Tokens and features of `rows`, trimmed to their longest real text, on `device`."""
+        rows = torch.as_tensor(rows).cpu()
+        tokens = self.tokens[rows].trimmed()
+        if self.features is None:
+            return tokens.to(device), None
+        return tokens.to(device), self.features[rows, : tokens.input_ids.shape[1]].to(device)
+
+
+def cache_texts(model: PooledModel, tokenizer, texts: Sequence[str], max_length: int, split: int,
+                second: Sequence[str] | None = None, truncation_side: str = "left") -> TextCache:
+    """Tokenises the texts (or text pairs with `second`) and runs the frozen blocks below `split` once."""
+    tokens = tokenize(tokenizer, texts, max_length, second, truncation_side)
+    return TextCache(tokens, model.lower_features(tokens, split) if split > 0 else None, split)
+
+
+class CachedModel(nn.Module):
+    """`pooled` applied to cached texts: the input is a tensor of row indices into `cache` (not in state_dict)."""
+
+    def __init__(self, pooled: PooledModel, cache: TextCache):
+        super().__init__()
+        self.pooled, self.cache = pooled, cache
+
+    def forward(self, rows: Tensor) -> Tensor:
+        tokens, features = self.cache.batch(rows, self.pooled.head.weight.device)
+        return self.pooled(tokens, features, self.cache.split)
