@@ -31,7 +31,7 @@ from collabalign.federation.protocol import ClientContext
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, device_ranks, fslora, heterolora
 from collabalign.methods.fslora.common import head_of
-from collabalign.methods.fslora.problems import TorchLoRAProblem, teacher_student
+from collabalign.methods.fslora.problems import LocalSGD, TorchLoRAProblem, teacher_student
 from collabalign.seeding import Seeds
 
 DIM, CLASSES, RANK = 512, 10, 256
@@ -42,7 +42,7 @@ def build():
     seeds = Seeds(0)
     student, train, test = teacher_student(seeds, DEVICES * PER_DEVICE, 64, dim=DIM, classes=CLASSES, update_rank=24)
     inject_lora(student, ["hidden"], rank=RANK)
-    problem = TorchLoRAProblem(student, ["head.weight", "head.bias"], test, steps=STEPS, lr=LR, batch_size=BATCH)
+    problem = TorchLoRAProblem(student, ["head.weight", "head.bias"], test, LocalSGD(STEPS, LR, BATCH))
     clients = {f"d{i}": train[i * PER_DEVICE:(i + 1) * PER_DEVICE] for i in range(DEVICES)}
     return seeds, problem, clients
 

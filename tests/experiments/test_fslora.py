@@ -4,9 +4,14 @@ import json
 
 import pytest
 
-from collabalign.cli import CONFIG_DIR, config_path, main
+from collabalign.claims import VERDICTS
+from collabalign.cli import CONFIG_DIR, config_path, load_config, main
+from collabalign.experiments.fslora import ablations, e1_comparison, e6_timing, theory
 
 from .toy import run_twice
+
+DECLARED = [e1_comparison.BEST_AVERAGE, e6_timing.DEVICE_TIME_AS_HETEROLORA, e6_timing.CHEAPER_THAN_FLEX_AND_STACK,
+            *ablations.CLAIMS, *theory.CLAIMS]
 
 TOY = ["seeds=[0]", "synthetic.n_train=200", "synthetic.n_test=200", "federation.devices=5", "federation.min_size=4",
        "federation.rounds=2", "federation.steps=2", "federation.eval_every=1", "ablations.budget_ranks=[8]",
@@ -20,16 +25,31 @@ def toy_runs(tmp_path_factory):
     return run_twice(tmp_path_factory, "fslora", TOY)
 
 
-def test_every_claim_is_reported_with_a_verdict(toy_runs):
+def test_every_declared_claim_is_reported_with_its_rule_and_a_verdict(toy_runs):
     summary = json.loads((toy_runs[0] / "summary.json").read_text())
-    names = [c["name"] for c in summary["claims"]]
-    assert len(names) == 10 and names[0].startswith("FSLoRA has the best average accuracy")
-    assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
+    assert [c["name"] for c in summary["claims"]] == [c.name for c in DECLARED]
+    for record, claim in zip(summary["claims"], DECLARED, strict=True):
+        assert record["verdict"] in VERDICTS and "not_run" not in record["measured"]
+        assert (record["rule"], record["scale"], record["lower_is_better"]) == (claim.rule, claim.scale,
+                                                                               claim.lower_is_better)
+        assert record["n"] == 1 or claim in (e6_timing.DEVICE_TIME_AS_HETEROLORA,
+                                             e6_timing.CHEAPER_THAN_FLEX_AND_STACK)  # one seed; E6: one per rep
     assert set(summary["metrics"]["ablations"]) == {"E2", "E3", "E4", "E5"}
     for plot in ("E1_synthetic", "E2_equal_budget", "E3_ratio", "E4_global_rank", "E5_topk_upload"):
         assert (toy_runs[0] / "plots" / f"{plot}.png").stat().st_size > 1000
     report = (toy_runs[0] / "report.md").read_text()
     assert "| synthetic | " in report and "| SST-2 |" not in report  # no GLUE rows without GLUE tasks
+
+
+def test_the_quick_config_runs_every_part_so_its_summary_holds_every_claim():
+    """The toy run above is the quick config with smaller sizes; the quick config switches no part off."""
+    cfg, smoke = load_config(config_path("fslora", quick=True))[2:]
+    assert smoke and cfg.ablations.run and cfg.theory.run and not cfg.glue.tasks and not cfg.commonsense.configured
+
+
+def test_main_config_runs_five_seeds():
+    cfg = load_config(CONFIG_DIR / "fslora" / "main.yaml")[2]
+    assert cfg.seeds == [0, 1, 2, 3, 4] and cfg.ablations.run and cfg.theory.run
 
 
 def test_records_carry_method_round_and_upload(toy_runs):
@@ -52,7 +72,6 @@ def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
     """The paper-scale config, with a tiny random BERT saved locally in place of roberta-base, on the CPU."""
     from transformers import AutoTokenizer, BertConfig, BertModel
 
-    from collabalign.cli import load_config
     from collabalign.models.backbones import MINILM_PACKAGE, package_dir
 
     path = CONFIG_DIR / "fslora" / "gpu_roberta.yaml"
@@ -70,6 +89,11 @@ def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
     assert main(["run", str(path), *overrides, "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert "RTE/fslora" in summary["metrics"]["E1"]
+    assert [c["name"] for c in summary["claims"]] == [c.name for c in DECLARED]  # switched-off parts: not run
+    assert summary["claims"][0]["measured"]["problems"] == ["synthetic", "RTE"]
+    off = [c for c in summary["claims"] if "not_run" in c["measured"]]
+    assert [c["name"] for c in off] == [c.name for c in (*ablations.CLAIMS, *theory.CLAIMS)]
+    assert {c["verdict"] for c in off} == {"inconclusive"}
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     glue = [r for r in records if r.get("problem") == "RTE" and r["experiment"] == "E1"]
     assert max(r["round"] for r in glue) == 1 < max(r["round"] for r in records if r.get("problem") == "synthetic")

@@ -5,7 +5,7 @@ import torch
 from collabalign.data import dirichlet
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import device_ranks
-from collabalign.methods.fslora.problems import TorchLoRAProblem, teacher_student
+from collabalign.methods.fslora.problems import LocalSGD, TorchLoRAProblem, teacher_student
 from collabalign.seeding import Seeds
 
 RANK = 8
@@ -17,7 +17,7 @@ def small_problem(n_devices=5, steps=3, lr=0.1, dim=12, classes=4, dtype=torch.f
     student = student.to(dtype)
     train.x, test.x = train.x.to(dtype), test.x.to(dtype)
     inject_lora(student, ["hidden"], rank=RANK)
-    problem = TorchLoRAProblem(student, ["head.weight", "head.bias"], test, steps=steps, lr=lr, batch_size=8)
+    problem = TorchLoRAProblem(student, ["head.weight", "head.bias"], test, LocalSGD(steps, lr, batch_size=8))
     parts = dirichlet(train.y.numpy(), n_devices, 1.0, seeds.numpy("split"), min_size=8)
     clients = {f"d{i}": train[torch.as_tensor(p)] for i, p in enumerate(parts)}
     ranks = device_ranks(seeds, list(clients), RANK, (0.25, 0.5, 0.75))

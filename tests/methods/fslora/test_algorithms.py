@@ -1,5 +1,7 @@
+import copy
 import itertools
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -72,7 +74,7 @@ def test_one_fslora_round_equals_dense_masked_sgd_and_eq5():
                 if k.startswith("head/")}
         ctx = ClientContext(cid, data)
         ctx.seed_round(seeds, 1)
-        for _ in range(problem.steps):
+        for _ in range(problem.sgd.steps):
             rows = torch.randint(len(data), (8,), generator=ctx.torch_rng)
             w = layer.base.weight.detach().clone()
             w = problem.w0["hidden"] + algorithm.scale * (B * mask) @ A
@@ -83,7 +85,7 @@ def test_one_fslora_round_equals_dense_masked_sgd_and_eq5():
             assert not grads[0][:, outside].any() and not grads[1][outside].any()
             with torch.no_grad():
                 for p, g in zip([B, A, *head.values()], grads, strict=True):
-                    p -= problem.lr * g
+                    p -= problem.sgd.lr * g
         expected_b += B.detach().numpy() - state["hidden.B"]
         expected_a += A.detach().numpy() - state["hidden.A"]
     new = algorithm.aggregate(state, replies, 1)
@@ -195,7 +197,6 @@ def test_server_adam_takes_a_bias_corrected_adam_step_on_the_averaged_update(set
     problem, clients, ranks = setup
     adam = ServerAdam(lr=0.01)
     plain, with_adam = fslora(problem, ranks, RANK), fslora(problem, ranks, RANK, server_adam=adam)
-    with_adam.init(Seeds(0))
     ids = sorted(clients)
     state, _, replies = one_round(plain, clients)
     eq5, stepped = plain.aggregate(state, replies, 1), with_adam.aggregate(state, replies, 1)
@@ -213,10 +214,44 @@ def test_momentum_changes_local_training_and_plain_sgd_is_momentum_zero(setup):
     problem, clients, ranks = setup
     algorithm = fslora(problem, ranks, RANK)
 
+    plain_sgd = problem.sgd
+
     def upload(momentum):
-        problem.momentum = momentum
+        problem.sgd = replace(plain_sgd, momentum=momentum)
         return one_round(algorithm, clients)[2]["d0"]["hidden.dB"]
     plain, zero, heavy = upload(0.0), upload(0.0), upload(0.9)
-    problem.momentum = 0.0
+    problem.sgd = plain_sgd
     np.testing.assert_array_equal(plain, zero)
     assert not np.allclose(plain, heavy)
+
+
+def test_the_sketch_seed_lives_in_the_server_state_and_is_never_sent(setup):
+    """configure reads the seed of the sketches from the state: an object that never ran `init` (as after a resume,
+    or in another server process) draws the run's sketches; no message carries the seed."""
+    problem, clients, ranks = setup
+    ids = list(clients)
+    state = fslora(problem, ranks, RANK).init(Seeds(7))
+    messages = fslora(problem, ranks, RANK).configure(state, 3, ids)
+    for cid in ids:
+        expected = sketch_indices(Seeds(7), 3, cid, "hidden", RANK, ranks[cid])
+        np.testing.assert_array_equal(messages[cid]["hidden.idx"], expected)
+        assert not any(name.startswith("sketch/") for name in messages[cid])
+    other = fslora(problem, ranks, RANK).configure(fslora(problem, ranks, RANK).init(Seeds(8)), 3, ids)
+    assert any(not np.array_equal(messages[c]["hidden.idx"], other[c]["hidden.idx"]) for c in ids)
+
+
+@pytest.mark.parametrize("method", ["fslora-adam", "heterolora", "flexlora", "fedstack"])
+def test_no_algorithm_keeps_state_of_its_own_between_hook_calls(setup, method):
+    """A run leaves every attribute of the algorithm object as it was (the shared problem is a workspace)."""
+    problem, clients, ranks = setup
+    algorithm = {"fslora-adam": lambda: fslora(problem, ranks, RANK, server_adam=ServerAdam(0.01)),
+                 "heterolora": lambda: heterolora(problem, ranks, RANK),
+                 "flexlora": lambda: FlexLoRA(problem, ranks, RANK),
+                 "fedstack": lambda: FedStackLoRA(problem, ranks, RANK)}[method]()
+
+    def attributes():
+        return {k: dict(vars(v)) if hasattr(v, "__dict__") else copy.deepcopy(v) for k, v in vars(algorithm).items()
+                if k != "problem"}
+    before = attributes()
+    simulate(algorithm, clients, rounds=2, seed=3, progress=False)  # seed 3: not the seed of any default
+    assert attributes() == before

@@ -15,7 +15,8 @@ from collabalign.data.commonsense import commonsense_prompt, extract_answer, loa
 from collabalign.experiments.fslora import Config
 from collabalign.federation import simulate
 from collabalign.methods.fslora import fslora, lora_scale, sketch_indices
-from collabalign.methods.fslora.commonsense import commonsense_problem, encode
+from collabalign.methods.fslora.commonsense import CommonsenseSetup, commonsense_problem, encode
+from collabalign.methods.fslora.problems import LocalSGD
 from collabalign.models.backbones import tiny_llama
 from collabalign.seeding import Seeds
 
@@ -65,9 +66,10 @@ def backbone():
 
 
 def problem_for(fixture, backbone, steps=2, lr=0.5, rank=8, max_test=None):
-    return commonsense_problem(fixture / "ft-training_set" / "commonsense_170k.json", fixture / "dataset",
-                               list(QUESTIONS), backbone, Seeds(0), rank, None, max_test, 128, TARGETS, steps, lr,
-                               batch_size=4, max_new_tokens=6)
+    setup = CommonsenseSetup(fixture / "ft-training_set" / "commonsense_170k.json", fixture / "dataset",
+                             list(QUESTIONS), rank, LocalSGD(steps, lr, batch_size=4), targets=TARGETS,
+                             max_test=max_test, max_length=128, max_new_tokens=6)
+    return commonsense_problem(setup, backbone, Seeds(0))
 
 
 def test_loader_reads_the_llm_adapters_schema(fixture):

@@ -6,7 +6,7 @@ import torch
 from collabalign.data import shared_data_dir
 from collabalign.federation import simulate
 from collabalign.methods.fslora import device_ranks, fslora
-from collabalign.methods.fslora.problems import glue_problem
+from collabalign.methods.fslora.problems import GlueSetup, LocalSGD, glue_problem
 from collabalign.models.backbones import minilm_l6
 from collabalign.seeding import Seeds
 
@@ -22,9 +22,8 @@ def backbone():
 
 @pytest.mark.parametrize("task, extra", [("SST-2", set()), ("CoLA", {"matthews"})])
 def test_glue_problem_trains_lora_on_cached_top_block(backbone, task, extra):
-    problem, train = glue_problem(task, shared_data_dir() / "glue", backbone, Seeds(0), rank=8, max_train=48,
-                                  max_length=32, lora_blocks=1, targets=["query", "value"], steps=2, lr=0.5,
-                                  max_test=32)
+    setup = GlueSetup(rank=8, sgd=LocalSGD(steps=2, lr=0.5), max_train=48, max_length=32, max_test=32)
+    problem, train = glue_problem(task, shared_data_dir() / "glue", backbone, setup, Seeds(0))
     assert problem.shapes == {f"pooled.backbone.encoder.layer.5.attention.self.{t}": (384, 384)
                               for t in ("query", "value")}
     assert len(train) == 48 and len(problem.test) == 32

@@ -5,7 +5,7 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from collabalign.federation import simulate
 from collabalign.methods.fslora import device_ranks, fslora
-from collabalign.methods.fslora.problems import glue_problem
+from collabalign.methods.fslora.problems import GlueSetup, LocalSGD, glue_problem
 from collabalign.models.backbones import MINILM_PACKAGE, Backbone, package_dir
 from collabalign.seeding import Seeds
 from tests.data.helpers import MNLI_HEAD, mnli_row, write
@@ -23,8 +23,8 @@ def test_glue_problem_on_three_class_mnli(tmp_path):
     torch.manual_seed(0)
     model = BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64))
     backbone = Backbone(model, AutoTokenizer.from_pretrained(package_dir(MINILM_PACKAGE) / "model"), False)
-    problem, train = glue_problem("MNLI", tmp_path, backbone, Seeds(0), rank=4, max_train=12, max_length=16,
-                                  lora_blocks=1, targets=["query", "value"], steps=2, lr=0.5)
+    setup = GlueSetup(rank=4, sgd=LocalSGD(steps=2, lr=0.5), max_train=12, max_length=16)
+    problem, train = glue_problem("MNLI", tmp_path, backbone, setup, Seeds(0))
     assert len(train) == 12 and len(problem.test) == 6
     assert sorted(train.y.tolist()) == [0] * 4 + [1] * 4 + [2] * 4 and problem.test.y.tolist() == [0, 1, 2] * 2
     clients = {f"d{i}": train[torch.arange(i, 12, 2)] for i in range(2)}

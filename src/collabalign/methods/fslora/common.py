@@ -62,13 +62,13 @@ class ServerAdam:
         self.lr, self.betas, self.eps = lr, betas, eps
 
     def step(self, state: dict[str, np.ndarray], proposed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Returns `proposed` with every key that moved replaced by its Adam step from `state`."""
+        """Returns `proposed` with every float array replaced by its Adam step from `state`."""
         b1, b2 = self.betas
         t = int(state.get("opt/t", np.zeros(1))[0]) + 1
         out = dict(proposed)
         for key, new in proposed.items():
-            if key.startswith("opt/") or key not in state:
-                continue
+            if key.startswith("opt/") or key not in state or not np.issubdtype(new.dtype, np.floating):
+                continue  # Adam steps the float parameters only (not its own moments, not integer settings)
             grad = (state[key] - new).astype(np.float64)
             m = b1 * state.get(f"opt/m/{key}", 0.0) + (1 - b1) * grad
             v = b2 * state.get(f"opt/v/{key}", 0.0) + (1 - b2) * grad ** 2

@@ -22,9 +22,28 @@ from collabalign.data.commonsense import (
     load_commonsense_test,
 )
 from collabalign.lora.inject import inject_lora
-from collabalign.methods.fslora.problems import ClassificationData, Params, TorchLoRAProblem
+from collabalign.methods.fslora.problems import ClassificationData, LocalSGD, Params, TorchLoRAProblem
 from collabalign.models.backbones import Backbone
 from collabalign.seeding import Seeds
+
+
+@dataclass(frozen=True)
+class CommonsenseSetup:
+    """Commonsense170K (`train_file`, a seeded `max_train` subset when given) for training, the first `max_test`
+    rows of each task's test set under `test_root` for evaluation, LoRA of global rank `rank` on `targets` of every
+    block, prompts + answers cut at `max_length` tokens, `max_new_tokens` generated per test prompt."""
+
+    train_file: str | Path
+    test_root: str | Path
+    tasks: Sequence[str]
+    rank: int
+    sgd: LocalSGD
+    targets: Sequence[str] = ("q_proj", "k_proj", "v_proj", "up_proj", "down_proj")
+    max_train: int | None = None
+    max_test: int | None = None
+    max_length: int = 256
+    max_new_tokens: int = 10
+    device: str = "cpu"
 
 
 @dataclass
@@ -76,12 +95,11 @@ class CommonsenseProblem(TorchLoRAProblem):
     `max_new_tokens` greedily per test prompt, extracts the task's answer label and reports accuracy per task and
     their plain mean (the paper's Avg.). `test.y` holds each test row's task index into `tasks`."""
 
-    def __init__(self, model: nn.Module, tokenizer, tokens: PromptAnswerTokens, answers: list[str], tasks: list[str],
-                 test: ClassificationData, steps: int, lr: float, batch_size: int = 16, max_new_tokens: int = 10,
-                 eval_batch_size: int = 64, device: str = "cpu", momentum: float = 0.0):
-        super().__init__(model, [], test, steps, lr, batch_size, None, eval_batch_size, device, momentum)
-        self.tokenizer, self.tokens, self.answers, self.tasks = tokenizer, tokens, answers, tasks
-        self.max_new_tokens = max_new_tokens
+    def __init__(self, model: nn.Module, tokenizer, tokens: PromptAnswerTokens, answers: list[str],
+                 test: ClassificationData, setup: CommonsenseSetup, eval_batch_size: int = 64):
+        super().__init__(model, [], test, setup.sgd, eval_batch_size=eval_batch_size, device=setup.device)
+        self.tokenizer, self.tokens, self.answers, self.tasks = tokenizer, tokens, answers, list(setup.tasks)
+        self.max_new_tokens = setup.max_new_tokens
 
     def _answer_logits(self, rows: Tensor) -> tuple[Tensor, Tensor]:
         """Logits at the positions that predict answer tokens, and those tokens: the LM head runs only there."""
@@ -125,25 +143,22 @@ class CommonsenseProblem(TorchLoRAProblem):
         return {"accuracy": float(np.mean(list(per_task.values()))), **per_task, "loss": loss_sum / n_tokens}
 
 
-def commonsense_problem(train_file: str | Path, test_root: str | Path, tasks: Sequence[str], backbone: Backbone,
-                        seeds: Seeds, rank: int, max_train: int | None, max_test: int | None, max_length: int,
-                        targets: list[str], steps: int, lr: float, batch_size: int = 16, max_new_tokens: int = 10,
-                        device: str = "cpu", momentum: float = 0.0) -> tuple[CommonsenseProblem, ClassificationData]:
-    """Commonsense170K (a seeded `max_train` subset when given) for training, the first `max_test` rows of each
-    task's test set for evaluation, LoRA of global rank `rank` on `targets` of every block of a float32 copy of the
-    causal LM; returns (problem, training data), training rows carrying task index -1 (the tasks are mixed)."""
+def commonsense_problem(setup: CommonsenseSetup, backbone: Backbone,
+                        seeds: Seeds) -> tuple[CommonsenseProblem, ClassificationData]:
+    """The setup's problem on a float32 copy of the causal LM; returns (problem, training data), training rows
+    carrying task index -1 (the tasks are mixed)."""
     if not backbone.causal:
         raise ValueError("the commonsense problem needs a causal LM backbone")
-    train = load_commonsense(train_file)
+    train, max_train = load_commonsense(setup.train_file), setup.max_train
     if max_train is not None and max_train < len(train):
         train = [train[i] for i in np.sort(seeds.numpy("commonsense-subset").permutation(len(train))[:max_train])]
-    tests = [load_commonsense_test(test_root, task)[:max_test] for task in tasks]
+    tests = [load_commonsense_test(setup.test_root, task)[:setup.max_test] for task in setup.tasks]
     examples = train + [e for test in tests for e in test]
     model = copy.deepcopy(backbone.model).float()  # the caller's model stays; fp32 so small SGD steps register
-    inject_lora(model, targets, rank)
+    inject_lora(model, list(setup.targets), setup.rank)
     task_ids = [-1] * len(train) + [i for i, test in enumerate(tests) for _ in test]
     data = ClassificationData(torch.arange(len(examples)), torch.tensor(task_ids))
-    problem = CommonsenseProblem(model, backbone.tokenizer, encode(backbone.tokenizer, examples, max_length),
-                                 [e.answer for e in examples], list(tasks), data[len(train):], steps, lr, batch_size,
-                                 max_new_tokens, device=device, momentum=momentum)
+    tokens = encode(backbone.tokenizer, examples, setup.max_length)
+    problem = CommonsenseProblem(model, backbone.tokenizer, tokens, [e.answer for e in examples], data[len(train):],
+                                 setup)
     return problem, data[: len(train)]

@@ -1,8 +1,8 @@
 """What a device trains in the heterogeneous-rank LoRA family: a torch model whose adapted layers are
 `LoRALinear`s, plus a densely trained head. The algorithms only exchange numpy factors with it:
 
-- `local_train(factors, head, scale, base, data, rng)`: H SGD steps (plain, or with momentum whose state starts
-  fresh every round, as the authors' GLUE code) on rank-k blocks
+- `local_train(factors, head, scale, base, data, rng)`: the `LocalSGD` steps (plain, or with momentum whose state
+  starts fresh every round, as the authors' GLUE code) on rank-k blocks
   {layer: (B (m, k), A (k, n))} with y = (W0 + base) x + scale * B A x; returns the trained blocks and head.
 - `evaluate(delta, head)`: metrics of W0 + delta (dense, per layer) and the head on the held-out set.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -32,6 +32,16 @@ Params = dict[str, np.ndarray]
 Factors = dict[str, tuple[np.ndarray, np.ndarray]]  # layer -> (B (m, k), A (k, n))
 
 
+@dataclass(frozen=True)
+class LocalSGD:
+    """A device's training in one round: `steps` minibatch SGD steps (momentum state fresh every round)."""
+
+    steps: int
+    lr: float
+    batch_size: int = 16
+    momentum: float = 0.0
+
+
 @dataclass
 class ClassificationData:
     """Inputs (any tensor the model takes, first dim = samples) and integer labels."""
@@ -49,13 +59,12 @@ class ClassificationData:
 class TorchLoRAProblem:
     """A classifier `model` (LoRA layers + head parameters named `head_names`) trained with cross-entropy."""
 
-    def __init__(self, model: nn.Module, head_names: list[str], test: ClassificationData, steps: int, lr: float,
-                 batch_size: int = 16, metric: tuple[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
-                 eval_batch_size: int = 512, device: str = "cpu", momentum: float = 0.0):
+    def __init__(self, model: nn.Module, head_names: list[str], test: ClassificationData, sgd: LocalSGD,
+                 metric: tuple[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
+                 eval_batch_size: int = 512, device: str = "cpu"):
         self.device = torch.device(device)
-        self.momentum = momentum
         self.model = model.to(self.device)
-        self.test, self.steps, self.lr, self.batch_size = test, steps, lr, batch_size
+        self.test, self.sgd = test, sgd
         self.layers = lora_layers(model)
         self.w0 = {name: layer.base.weight.detach().clone() for name, layer in self.layers.items()}
         params = dict(model.named_parameters())
@@ -106,12 +115,12 @@ class TorchLoRAProblem:
     def local_train(self, factors: Factors, head: Params, scale: float | dict[str, float],
                     base: dict[str, np.ndarray] | None, data: ClassificationData,
                     rng: torch.Generator) -> tuple[Factors, Params]:
-        """`steps` SGD steps on minibatches drawn with replacement; only the blocks and the head move."""
+        """`sgd.steps` SGD steps on minibatches drawn with replacement; only the blocks and the head move."""
         self._load(factors, head, scale, base)
         params = [p for layer in self.layers.values() for p in (layer.B, layer.A)] + list(self.head.values())
-        optimizer = torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
-        for _ in range(self.steps):
-            rows = torch.randint(len(data), (min(self.batch_size, len(data)),), generator=rng)
+        optimizer = torch.optim.SGD(params, lr=self.sgd.lr, momentum=self.sgd.momentum)
+        for _ in range(self.sgd.steps):
+            rows = torch.randint(len(data), (min(self.sgd.batch_size, len(data)),), generator=rng)
             loss = self.loss(data[rows])
             optimizer.zero_grad()
             loss.backward()
@@ -174,32 +183,45 @@ def teacher_student(seeds: Seeds, n_train: int, n_test: int, dim: int = 64, clas
     return student, data[:n_train], data[n_train:]
 
 
-def glue_problem(task: str, root: Path | None, backbone: Backbone, seeds: Seeds, rank: int, max_train: int,
-                 max_length: int, lora_blocks: int, targets: list[str], steps: int, lr: float,
-                 batch_size: int = 16, max_test: int | None = None, device: str = "cpu",
-                 momentum: float = 0.0) -> tuple[TorchLoRAProblem, ClassificationData]:
+@dataclass(frozen=True)
+class GlueSetup:
+    """A GLUE task as a LoRA problem: LoRA of global rank `rank` on `targets` of the top `lora_blocks` blocks,
+    `max_train` training examples, the first `max_test` dev rows (all when None), texts cut at `max_length` tokens."""
+
+    rank: int
+    sgd: LocalSGD
+    max_train: int
+    max_length: int = 64
+    lora_blocks: int = 1
+    targets: Sequence[str] = ("query", "value")
+    max_test: int | None = None
+    device: str = "cpu"
+
+
+def glue_problem(task: str, root: Path | None, backbone: Backbone, setup: GlueSetup,
+                 seeds: Seeds) -> tuple[TorchLoRAProblem, ClassificationData]:
     """A GLUE task (root/<task>/ tsv files, else the hub: load_glue_any) as a LoRA problem with one output per
     class: `max_train` training examples (a seeded subset of the train split when it is larger), the dev split
-    (its first `max_test` rows, if given) as the test set, LoRA of global rank `rank` on `targets` of the top
-    `lora_blocks` blocks of a copy of the backbone, a fresh linear head on mean-pooled states; returns (problem,
-    training data)."""
+    (its first `max_test` rows, if given) as the test set, LoRA on a copy of the backbone, a fresh linear head on
+    mean-pooled states; returns (problem, training data)."""
     train_set, dev_set = load_glue_any(task, "train", root), load_glue_any(task, "dev", root)
+    max_test = setup.max_test
     if max_test is not None:
         dev_set = replace(dev_set, text_a=dev_set.text_a[:max_test], labels=dev_set.labels[:max_test],
                           text_b=None if dev_set.text_b is None else dev_set.text_b[:max_test])
-    keep = np.sort(seeds.numpy("glue-subset", task).permutation(len(train_set))[:max_train])
+    keep = np.sort(seeds.numpy("glue-subset", task).permutation(len(train_set))[:setup.max_train])
     pick = (lambda xs, rows: [xs[i] for i in rows])
     text_a = pick(train_set.text_a, keep) + dev_set.text_a
     text_b = pick(train_set.text_b, keep) + dev_set.text_b if train_set.text_b is not None else None
     pooled = PooledModel(copy.deepcopy(backbone.model), backbone.causal, train_set.num_labels)  # caller's stays
-    split = lora_top_blocks(pooled, lora_blocks, targets, rank)
-    model = CachedModel(pooled.to(device), cache_texts(pooled, backbone.tokenizer, text_a, max_length, split, text_b,
-                                                       truncation_side="right"))
+    split = lora_top_blocks(pooled, setup.lora_blocks, setup.targets, setup.rank)
+    cache = cache_texts(pooled, backbone.tokenizer, text_a, setup.max_length, split, text_b, truncation_side="right")
+    model = CachedModel(pooled.to(setup.device), cache)
     labels = torch.from_numpy(np.concatenate([train_set.labels[keep], dev_set.labels]))
     rows = torch.arange(len(labels))
     data = ClassificationData(rows, labels)
     test = data[len(keep):]
     metric = None if dev_set.metric == "accuracy" else (dev_set.metric, lambda p, y: glue_metric(task, p, y))
-    problem = TorchLoRAProblem(model, ["pooled.head.weight", "pooled.head.bias"], test, steps, lr, batch_size,
-                               metric, device=device, momentum=momentum)
+    problem = TorchLoRAProblem(model, ["pooled.head.weight", "pooled.head.bias"], test, setup.sgd, metric,
+                               device=setup.device)
     return problem, data[: len(keep)]

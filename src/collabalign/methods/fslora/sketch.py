@@ -1,9 +1,9 @@
 """FSLoRA (Fang et al. 2025, Alg. 1): the server keeps rank-r factors; each round it draws a random-k_i sketch per
 device and layer, the device trains only those k_i columns of B / rows of A (with the r/k_i factor: sliced
-compute), uploads their change, and the server adds the mean over all N devices (eq. 5). Federated LoRA is
-the same algorithm with k_i = r; HeteroLoRA (heterolora.py) is the same data flow with a fixed prefix and no
-rescaling. Optional top-k compression of the upload (App. C.2) and the authors' code's server Adam in place of
-eq. 5's plain averaged step."""
+compute), uploads their change, and the server adds the mean over all N devices (eq. 5). Federated LoRA
+(fedlora.py) is the same algorithm with k_i = r; HeteroLoRA (heterolora.py) is the same data flow with a fixed
+prefix and no rescaling. Optional top-k compression of the upload (App. C.2) and the authors' code's server Adam
+in place of eq. 5's plain averaged step. The seed the sketches are drawn from lives in the server state."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ from collabalign.methods.fslora.problems import TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 State = dict[str, np.ndarray]
+SKETCH_SEED = "sketch/seed"  # server state only: the run's seed, from which every round's sketches are drawn
 
 
 def sketch_indices(seeds: Seeds, round_: int, device: str, layer: str, rank: int, k: int) -> np.ndarray:
@@ -59,31 +60,30 @@ class SubspaceLoRA:
         self.random_blocks, self.rescale = random_blocks, rescale
         self.download, self.upload_top_k = download, upload_top_k
         self.server_adam = server_adam
-        self.seeds = Seeds(0)
 
     def init(self, seeds: Seeds) -> State:
-        """B = 0, A ~ PEFT's uniform init, drawn once by the server; a fresh head."""
-        self.seeds = seeds
+        """B = 0, A ~ PEFT's uniform init, drawn once by the server; a fresh head; the seed of the sketches."""
         gen = seeds.torch("lora-init")
-        state: State = {}
+        state: State = {SKETCH_SEED: np.array([seeds.seed], np.int64)}
         for name, (m, n) in self.problem.shapes.items():
             state[f"{name}.B"] = np.zeros((m, self.rank), np.float32)
             state[f"{name}.A"] = self.problem.init_a(gen, self.rank, n)
         return state | head_arrays(self.problem.init_head(seeds))
 
-    def indices(self, round_: int, device: str, layer: str) -> np.ndarray:
+    def indices(self, seeds: Seeds, round_: int, device: str, layer: str) -> np.ndarray:
+        """The block device `device` trains in layer `layer` this round: its sketch, or its first k_i ranks."""
         k = self.ranks[device]
         if self.random_blocks:
-            return sketch_indices(self.seeds, round_, device, layer, self.rank, k)
+            return sketch_indices(seeds, round_, device, layer, self.rank, k)
         return np.arange(k, dtype=np.int32)
 
     def configure(self, state: State, round_: int, client_ids: list[str]) -> dict[str, Message]:
-        out = {}
+        out, seeds = {}, Seeds(int(state[SKETCH_SEED][0]))
         for cid in client_ids:
             arrays = {}
             for name in self.problem.shapes:
                 B, A = state[f"{name}.B"], state[f"{name}.A"]
-                idx = self.indices(round_, cid, name)
+                idx = self.indices(seeds, round_, cid, name)
                 arrays[f"{name}.B"], arrays[f"{name}.A"] = (B, A) if self.download == "full" else (B[:, idx], A[idx])
                 if self.random_blocks and len(idx) < self.rank:
                     arrays[f"{name}.idx"] = idx
@@ -117,10 +117,9 @@ class SubspaceLoRA:
         return densify(reply[f"{key}.values"], reply[f"{key}.index"], shape)
 
     def aggregate(self, state: State, replies: dict[str, Message], round_: int) -> State:
-        ids = sorted(replies)
-        new = dict(state)
+        ids, new, seeds = sorted(replies), dict(state), Seeds(int(state[SKETCH_SEED][0]))
         for name, (m, n) in self.problem.shapes.items():
-            idx = [self.indices(round_, cid, name) for cid in ids]
+            idx = [self.indices(seeds, round_, cid, name) for cid in ids]
             d_b = [self._delta(replies[c], f"{name}.dB", (m, len(i))) for c, i in zip(ids, idx, strict=True)]
             d_a = [self._delta(replies[c], f"{name}.dA", (len(i), n)) for c, i in zip(ids, idx, strict=True)]
             new[f"{name}.B"] = (state[f"{name}.B"] + scatter_mean((m, self.rank), 1, d_b, idx, len(ids))).astype(
@@ -142,19 +141,5 @@ def fslora(problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: f
            download: Literal["full", "submatrix"] = "full", upload_top_k: float | None = None,
            server_adam: ServerAdam | None = None) -> SubspaceLoRA:
     """FSLoRA: random-k_i sketches with the r/k_i factor; download as in Alg. 1 ("full") or only the block."""
-    return SubspaceLoRA(problem, ranks, rank, alpha, True, True, download, upload_top_k, server_adam)
-
-
-def fedlora(problem: TorchLoRAProblem, device_ids: list[str], rank: int, alpha: float = 1.0,
-            upload_top_k: float | None = None, server_adam: ServerAdam | None = None) -> SubspaceLoRA:
-    """Federated LoRA at rank r on every device: FSLoRA without sketching (k_i = r)."""
-    return SubspaceLoRA(problem, {cid: rank for cid in device_ids}, rank, alpha, True, True, "full", upload_top_k,
-                        server_adam)
-
-
-def heterolora(problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0,
-               server_adam: ServerAdam | None = None) -> SubspaceLoRA:
-    """HeteroLoRA (Cho et al. 2024) as compared in the paper: device i gets the first k_i columns of B / rows of
-    A (truncation), trains them at the global scale, and the server zero-pads the update and averages over N."""
-    return SubspaceLoRA(problem, ranks, rank, alpha, random_blocks=False, rescale=False, download="submatrix",
+    return SubspaceLoRA(problem, ranks, rank, alpha, download=download, upload_top_k=upload_top_k,
                         server_adam=server_adam)

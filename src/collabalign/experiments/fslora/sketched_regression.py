@@ -1,24 +1,19 @@
-"""Numerical theory checks of FSLoRA (spec fslora.md §7.4-7.5) on synthetic low-rank matrix regression, in float64
-numpy: the exact sketched objective f^S by enumerating every k-subset, the §7.4 closed form, an exact sub-block FSLoRA
-simulation, and the convergence checks C1 (ratio ordering), C2 (rate), C3 (speedup in N) and C5 (bias of f^S).
-Run as a script to print all four checks."""
+"""The model behind FSLoRA's theory checks (spec fslora.md §7.4-7.5): synthetic low-rank matrix regression in float64
+numpy, the exact sketched objective f^S by enumerating every k-subset, the §7.4 closed form, and an exact sub-block
+FSLoRA simulation that records f^S, its gradient and the unsketched f every round (theory.py runs the checks)."""
 
 from __future__ import annotations
 
 import functools
 import itertools
-import json
 import math
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
-from collabalign.fits import loglog_slope
 from collabalign.seeding import Seeds
 
-SEEDS = (0, 1, 2)
 DIVERGED = 1e8  # f^S above this counts as divergence (the problem starts at f^S = O(10))
 
 
@@ -164,82 +159,3 @@ def simulate_fslora(problem: MatrixRegression, ks: Sequence[int], rank: int, lr:
             if t < rounds:
                 b, a = _fslora_round(problem, b, a, ks_arr, lr, local_steps, sketch_rng, data_rng)
     return Trajectory(*stats, diverged=False)
-
-
-def check_ratio_ordering(seeds: Sequence[int] = SEEDS, ratios: Sequence[float] = (1.0, 0.5, 0.25, 0.125),
-                         rank: int = 8, n_devices: int = 10, lr: float = 0.02, local_steps: int = 5,
-                         rounds: int = 300) -> dict:
-    """C1: at one γ, (1/T) Σ_t ‖∇f^S(X^t)‖² should grow as k/r falls; small ratios may diverge (admissible γ ∝ k/r)."""
-    ratios = sorted(ratios, reverse=True)
-    avg, diverged = {}, {}
-    for q in ratios:
-        k = max(1, round(q * rank))
-        runs = [simulate_fslora(MatrixRegression.make(n_devices, s), [k] * n_devices, rank, lr, local_steps, rounds, s)
-                for s in seeds]
-        avg[q], diverged[q] = float(np.mean([run.mean_grad_sq() for run in runs])), sum(run.diverged for run in runs)
-    finite = [avg[q] for q in ratios if not diverged[q]]
-    return {"avg_grad_sq": avg, "diverged_seeds": diverged,
-            "increasing_as_ratio_falls": bool(np.all(np.diff(finite) > 0)), "seeds": list(seeds)}
-
-
-def check_rate(seeds: Sequence[int] = SEEDS, rounds: Sequence[int] = (50, 100, 200, 400, 800), rank: int = 8,
-               k: int = 4, n_devices: int = 10, local_steps: int = 5, lr_const: float = 0.15,
-               band: tuple[float, float] = (-0.65, -0.35)) -> dict:
-    """C2 (Cor. 4.5): with γ_T = c·√N/√(T·H·(r/k)²), the slope of log avg ‖∇f^S‖² against log T should be ≈ −1/2."""
-    lrs = [lr_const * math.sqrt(n_devices / (t * local_steps * (rank / k) ** 2)) for t in rounds]
-    avg = [float(np.mean([simulate_fslora(MatrixRegression.make(n_devices, s), [k] * n_devices, rank, lr, local_steps,
-                                          t, s).mean_grad_sq() for s in seeds]))
-           for t, lr in zip(rounds, lrs, strict=True)]
-    slope = loglog_slope(rounds, avg)[0]
-    return {"rounds": list(rounds), "lr": lrs, "avg_grad_sq": avg, "slope": slope,
-            "in_band": bool(band[0] <= slope <= band[1]), "seeds": list(seeds)}
-
-
-def check_speedup(seeds: Sequence[int] = SEEDS, n_devices: Sequence[int] = (2, 4, 8, 16), het: float = 0.0,
-                  rank: int = 8, k: int = 4, lr: float = 0.05, rounds: int = 2000) -> dict:
-    """C3: with H = 1, ‖∇f^S‖² should fall like 1/N; slopes against log N of the all-rounds and last-half means
-    (the last-half floor needs long T: the transient does not shrink with N)."""
-    runs = [[simulate_fslora(MatrixRegression.make(nd, s, het=het), [k] * nd, rank, lr, 1, rounds, s) for s in seeds]
-            for nd in n_devices]
-    all_rounds = [float(np.mean([run.mean_grad_sq() for run in group])) for group in runs]
-    last_half = [float(np.mean([run.mean_grad_sq(0.5) for run in group])) for group in runs]
-    return {"n_devices": list(n_devices), "het": het, "all_rounds": all_rounds, "last_half": last_half,
-            "slope_all_rounds": loglog_slope(n_devices, all_rounds)[0],
-            "slope_last_half": loglog_slope(n_devices, last_half)[0],
-            "seeds": list(seeds)}
-
-
-def check_bias(seeds: Sequence[int] = SEEDS, ratios: Sequence[float] = (1.0, 0.5, 0.25, 0.125), rank: int = 8,
-               n_devices: int = 10, lr: float = 0.005, local_steps: int = 5, rounds: int = 2000,
-               tail: float = 0.1) -> dict:
-    """C5: without noise and heterogeneity FedLoRA drives f to ~0, ratio < 1 stalls at a floor f > 0 growing as k/r
-    falls (f^S ≠ f, §7.4); f and f^S are averaged over the last `tail` fraction of rounds. The default γ is stable
-    for k = 1 (C1's γ = 0.02 diverges there)."""
-    ratios = sorted(ratios, reverse=True)
-    f_plain, f_sketched, diverged = {}, {}, {}
-    start = int((1 - tail) * rounds)
-    for q in ratios:
-        k = max(1, round(q * rank))
-        runs = [simulate_fslora(MatrixRegression.make(n_devices, s, het=0.0, noise=0.0), [k] * n_devices, rank, lr,
-                                local_steps, rounds, s) for s in seeds]
-        f_plain[q] = float(np.mean([run.f_plain[start:].mean() for run in runs]))
-        f_sketched[q] = float(np.mean([run.f_sketched[start:].mean() for run in runs]))
-        diverged[q] = sum(run.diverged for run in runs)
-    finite = [f_plain[q] for q in ratios if not diverged[q]]
-    return {"f_plain": f_plain, "f_sketched": f_sketched, "diverged_seeds": diverged,
-            "floor_grows_as_ratio_falls": bool(np.all(np.diff(finite) > 0)), "seeds": list(seeds)}
-
-
-def main() -> None:
-    """Run C1, C2, C3 (the spec prototype's het = 0.3, T = 400, and IID) and C5; print results and wall times."""
-    checks = {"C1": check_ratio_ordering, "C2": check_rate,
-              "C3_het0.3": functools.partial(check_speedup, het=0.3, rounds=400),
-              "C3_iid": check_speedup, "C5": check_bias}
-    for name, check in checks.items():
-        start = time.perf_counter()
-        result = check()
-        print(name, json.dumps(result | {"seconds": round(time.perf_counter() - start, 2)}), flush=True)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,0 +1,107 @@
+"""What every part of the FSLoRA reproduction shares: the synthetic problem, the device split, the methods by
+name, and a runner that runs one method on one problem and seed and records its rounds."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from collabalign.data import dirichlet
+from collabalign.experiments.fslora.config import FederationConfig, SyntheticConfig
+from collabalign.federation import Algorithm, SimulationResult, simulate
+from collabalign.lora import inject_lora
+from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, ServerAdam, device_ranks, fedlora, fslora, heterolora
+from collabalign.methods.fslora.common import head_of
+from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, teacher_student
+from collabalign.seeding import Seeds
+
+METHODS = ("fedlora", "fslora", "heterolora", "flexlora", "fedstack")
+BASELINES = ("heterolora", "flexlora", "fedstack")  # the heterogeneous-rank methods FSLoRA is compared with
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One method at one setting: global rank, the ratios device ranks are drawn from, rounds, top-k upload."""
+
+    method: str
+    rank: int
+    ratios: Sequence[float]
+    rounds: int
+    top_k: float | None = None
+
+
+def synthetic_problem(cfg: SyntheticConfig, fed: FederationConfig, seed: int, rank: int,
+                      lr: float) -> tuple[TorchLoRAProblem, ClassificationData]:
+    """The §8.2 teacher–student MLP with LoRA on its hidden layer; the pretrained head stays frozen."""
+    student, train, test = teacher_student(Seeds(seed), cfg.n_train, cfg.n_test, cfg.dim, cfg.classes,
+                                           cfg.update_rank)
+    inject_lora(student, ["hidden"], rank)
+    return TorchLoRAProblem(student, [], test, fed.local_sgd(lr)), train
+
+
+def devices(train: ClassificationData, fed: FederationConfig, seed: int) -> dict[str, ClassificationData]:
+    """The seed's Dirichlet label split of `train` over the federation's devices."""
+    parts = dirichlet(train.y.numpy(), fed.devices, fed.alpha, Seeds(seed).numpy("partition"), fed.min_size)
+    return {f"device{i:02d}": train[torch.as_tensor(p)] for i, p in enumerate(parts)}
+
+
+def algorithm(arm: Arm, problem: TorchLoRAProblem, ranks: dict[str, int], fed: FederationConfig) -> Algorithm:
+    """The arm's method with the given per-device ranks; every method uses the same ranks and LoRA scale."""
+    alpha = fed.lora_alpha
+    adam = ServerAdam(fed.server_lr) if fed.server_opt == "adam" else None
+    if arm.method == "fedlora":
+        return fedlora(problem, list(ranks), arm.rank, alpha, upload_top_k=arm.top_k, server_adam=adam)
+    if arm.method == "fslora":
+        return fslora(problem, ranks, arm.rank, alpha, upload_top_k=arm.top_k, server_adam=adam)
+    if arm.method == "heterolora":
+        return heterolora(problem, ranks, arm.rank, alpha, server_adam=adam)
+    if arm.method == "flexlora":
+        return FlexLoRA(problem, ranks, arm.rank, alpha, sigma_split=fed.flexlora_sigma)
+    if arm.method == "fedstack":
+        return FedStackLoRA(problem, ranks, arm.rank, alpha)
+    raise ValueError(f"unknown method {arm.method!r}; known: {METHODS}")
+
+
+def headline(metrics: dict) -> float:
+    """A metrics record's headline in points: Matthews correlation for CoLA, else accuracy."""
+    return 100 * metrics.get("matthews", metrics["accuracy"])
+
+
+def score(result: SimulationResult) -> float:
+    """The final round's headline metric in points."""
+    return headline(result.metrics[-1])
+
+
+class Runner:
+    """Runs one method on one problem and seed under federation `fed`, appending its per-round records (with the
+    cumulative upload per device) to `records`, which runners of one part may share."""
+
+    def __init__(self, fed: FederationConfig, progress: bool, records: list[dict] | None = None):
+        self.fed, self.progress = fed, progress
+        self.records: list[dict] = [] if records is None else records
+
+    def arm(self, method: str) -> Arm:
+        """The method at the federation's own rank, ratios and rounds."""
+        return Arm(method, self.fed.rank, self.fed.ratios, self.fed.rounds)
+
+    def run(self, tag: dict, problem: TorchLoRAProblem, clients: dict, arm: Arm, seed: int) -> SimulationResult:
+        ranks = device_ranks(Seeds(seed), list(clients), arm.rank, arm.ratios)
+        label = " ".join(f"{v}" for v in tag.values()) + f" {arm.method} seed {seed}"
+        method = algorithm(arm, problem, ranks, self.fed)
+        result = simulate(method, clients, arm.rounds, seed, eval_every=self.fed.eval_every, progress=self.progress,
+                          label=label)
+        delta = method.delta_weights(result.state)
+        without = problem.evaluate({n: np.zeros_like(d) for n, d in delta.items()}, head_of(result.state))
+        result.metrics[-1]["score_without_lora"] = headline(without)  # the trained head alone
+        result.metrics[-1]["delta_w_rel_norm"] = float(np.mean([np.linalg.norm(d) / float(torch.linalg.norm(
+            problem.w0[n])) for n, d in delta.items()]))  # mean over adapted layers of ||Delta W|| / ||W0||
+        uploaded = result.ledger.per_round()
+        cumulative = np.cumsum([uploaded[t]["up"] for t in sorted(uploaded)]) / len(clients) / 1e6
+        for rec in result.metrics:
+            mb = float(cumulative[rec["round"] - 1]) if rec["round"] else 0.0
+            self.records.append({**tag, "method": arm.method, "seed": seed, "upload_mb_per_device": round(mb, 6),
+                                 **rec})
+        return result
