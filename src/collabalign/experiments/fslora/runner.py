@@ -36,8 +36,8 @@ class Arm:
 def synthetic_problem(cfg: SyntheticConfig, fed: FederationConfig, seed: int, rank: int,
                       lr: float) -> tuple[TorchLoRAProblem, ClassificationData]:
     """The §8.2 teacher–student MLP with LoRA on its hidden layer; the pretrained head stays frozen."""
-    student, train, test = teacher_student(Seeds(seed), cfg.n_train, cfg.n_test, cfg.dim, cfg.classes,
-                                           cfg.update_rank)
+    student, train, test = teacher_student(Seeds(seed), cfg.n_train, cfg.n_test, dim=cfg.dim, classes=cfg.classes,
+                                           update_rank=cfg.update_rank)
     inject_lora(student, ["hidden"], rank)
     return TorchLoRAProblem(student, [], test, fed.local_sgd(lr)), train
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from collabalign.claims import Claim, in_band, not_run, slopes, superiority
 from collabalign.experiments.fslora.config import Config
-from collabalign.experiments.fslora.sketched_regression import MatrixRegression, simulate_fslora
+from collabalign.experiments.fslora.sketched_regression import MatrixRegression, Trajectory, simulate_fslora
 from collabalign.runs import Part
 
 GAP_GROWS = superiority(
@@ -40,14 +40,20 @@ RATIOS = (1.0, 0.5, 0.25, 0.125)
 RANK, DEVICES, LOCAL_STEPS = 8, 10, 5
 
 
+def trajectory(seed: int, k: int, lr: float, rounds: int, n_devices: int = DEVICES, local_steps: int = LOCAL_STEPS,
+               **problem: float) -> Trajectory:
+    """FSLoRA at global rank 8 with k_i = k on every device of the seed's matrix regression (`problem`: het, noise)."""
+    return simulate_fslora(MatrixRegression.make(n_devices, seed, **problem), [k] * n_devices, RANK, lr=lr,
+                           local_steps=local_steps, rounds=rounds, seed=seed)
+
+
 def ratio_ordering(seeds: Sequence[int], ratios: Sequence[float] = RATIOS, lr: float = 0.02,
                    rounds: int = 300) -> dict:
     """C1: (1/T) sum_t ||grad f^S(X^t)||^2 per ratio and seed at one step size, and how many seeds diverged."""
     grad_sq, diverged = {}, {}
     for q in ratios:
         k = max(1, round(q * RANK))
-        runs = [simulate_fslora(MatrixRegression.make(DEVICES, s), [k] * DEVICES, RANK, lr, LOCAL_STEPS, rounds, s)
-                for s in seeds]
+        runs = [trajectory(s, k, lr, rounds) for s in seeds]
         grad_sq[q], diverged[q] = [run.mean_grad_sq() for run in runs], sum(run.diverged for run in runs)
     return {"avg_grad_sq": grad_sq, "diverged_seeds": diverged}
 
@@ -55,16 +61,15 @@ def ratio_ordering(seeds: Sequence[int], ratios: Sequence[float] = RATIOS, lr: f
 def rate(seeds: Sequence[int], rounds: Sequence[int], k: int = 4, lr_const: float = 0.15) -> dict:
     """C2 (Cor. 4.5): with gamma_T = c sqrt(N) / sqrt(T H (r/k)^2), mean ||grad f^S||^2 per T and seed."""
     lrs = [lr_const * math.sqrt(DEVICES / (t * LOCAL_STEPS * (RANK / k) ** 2)) for t in rounds]
-    grad_sq = {t: [simulate_fslora(MatrixRegression.make(DEVICES, s), [k] * DEVICES, RANK, lr, LOCAL_STEPS, t,
-                                   s).mean_grad_sq() for s in seeds] for t, lr in zip(rounds, lrs, strict=True)}
+    grad_sq = {t: [trajectory(s, k, lr, t).mean_grad_sq() for s in seeds] for t, lr in zip(rounds, lrs, strict=True)}
     return {"lr": lrs, "avg_grad_sq": grad_sq}
 
 
 def speedup(seeds: Sequence[int], rounds: int, n_devices: Sequence[int] = (2, 4, 8, 16), k: int = 4,
             lr: float = 0.05) -> dict:
     """C3: with H = 1 and IID targets, mean ||grad f^S||^2 over all rounds and over the last half, per N and seed."""
-    runs = {nd: [simulate_fslora(MatrixRegression.make(nd, s, het=0.0), [k] * nd, RANK, lr, 1, rounds, s)
-                 for s in seeds] for nd in n_devices}
+    runs = {nd: [trajectory(s, k, lr, rounds, n_devices=nd, local_steps=1, het=0.0) for s in seeds]
+            for nd in n_devices}
     return {"all_rounds": {nd: [run.mean_grad_sq() for run in group] for nd, group in runs.items()},
             "last_half": {nd: [run.mean_grad_sq(0.5) for run in group] for nd, group in runs.items()}}
 
@@ -77,8 +82,7 @@ def bias(seeds: Sequence[int], rounds: int, ratios: Sequence[float] = RATIOS, lr
     f_plain, f_sketched, diverged = {}, {}, {}
     for q in ratios:
         k = max(1, round(q * RANK))
-        runs = [simulate_fslora(MatrixRegression.make(DEVICES, s, het=0.0, noise=0.0), [k] * DEVICES, RANK, lr,
-                                LOCAL_STEPS, rounds, s) for s in seeds]
+        runs = [trajectory(s, k, lr, rounds, het=0.0, noise=0.0) for s in seeds]
         f_plain[q] = [float(run.f_plain[start:].mean()) for run in runs]
         f_sketched[q] = [float(run.f_sketched[start:].mean()) for run in runs]
         diverged[q] = sum(run.diverged for run in runs)

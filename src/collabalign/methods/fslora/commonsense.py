@@ -160,5 +160,5 @@ def commonsense_problem(setup: CommonsenseSetup, backbone: Backbone,
     data = ClassificationData(torch.arange(len(examples)), torch.tensor(task_ids))
     tokens = encode(backbone.tokenizer, examples, setup.max_length)
     problem = CommonsenseProblem(model, backbone.tokenizer, tokens, [e.answer for e in examples], data[len(train):],
-                                 setup)
+                                 setup=setup)
     return problem, data[: len(train)]
