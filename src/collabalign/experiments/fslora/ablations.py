@@ -3,7 +3,6 @@ budget, E3 sketching ratio at fixed r, E4 global rank at fixed k, E5 top-k uploa
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -53,9 +52,8 @@ def ablations_part(cfg: Config, plots: Path, progress: bool = True) -> Part:
     e4 = {r: scores("E4", f"r={r}", Arm("fslora", r, [abl.fixed_k / r], fed.rounds)) for r in abl.rank_grid}
     e5 = {q: scores("E5", f"ratio={q} top-k={abl.top_k}",
                     Arm("fslora", fed.rank, [q], round(abl.top_k_rounds / q), abl.top_k)) for q in abl.ratio_grid}
-    means = {"E2": {f"r={r}": {v: float(s.mean()) for v, s in arms.items()} for r, arms in e2.items()},
-             **{name: {x: float(s.mean()) for x, s in runs.items()} for name, runs in (("E3", e3), ("E4", e4),
-                                                                                        ("E5", e5))}}
+    means = {"E2": {f"r={r}": mean_over_seeds(arms) for r, arms in e2.items()}, "E3": mean_over_seeds(e3),
+             "E4": mean_over_seeds(e4), "E5": mean_over_seeds(e5)}
     plot_ablations(means, runner.records, plots)
     claims = [
         EQUAL_BUDGET.decide_cells({f"r={r}": (arms["sketched"], arms["unsketched"]) for r, arms in e2.items()},
@@ -70,11 +68,15 @@ def ablations_part(cfg: Config, plots: Path, progress: bool = True) -> Part:
 
 def trend(claim: Claim, by_level: dict[float, np.ndarray], **measured) -> dict:
     """The claim on the slope of score against log level, one fit per seed, against 0."""
-    levels: Sequence[float] = sorted(by_level)
+    levels = sorted(by_level)
     if len(levels) < 2:
         return not_run(claim, f"a slope needs at least 2 levels, the grid has {len(levels)}")
     per_seed = np.stack([by_level[x] for x in levels], axis=1)  # (seeds, levels)
     return claim.decide(slopes(levels, per_seed, log_y=False), 0.0, **measured)
+
+
+def mean_over_seeds(scores: dict) -> dict:
+    return {key: float(per_seed.mean()) for key, per_seed in scores.items()}
 
 
 def _rounded(value: float | dict) -> float | dict:
