@@ -50,6 +50,9 @@ def test_run_directory_holds_config_metrics_ledger_claims_and_report(tiny_runs):
     assert [c["name"] for c in summary["claims"]] == ["FedAvg-LoRA beats local-only",
                                                       "FedAvg-LoRA is within 3 points of centralised"]
     assert {c["verdict"] for c in summary["claims"]} <= {"reproduced", "not reproduced", "inconclusive"}
+    beats, near = summary["claims"]
+    assert (beats["rule"], beats["margin"], near["rule"], near["margin"]) == ("superiority", 0.0, "non-inferiority", 3.0)
+    assert beats["n"] == 1 and beats["interval"] is None and beats["post_hoc"] is False  # one seed: no interval
     assert summary["metrics"]["data"]["source"] == "synthetic:tiny_preferences"
     assert any("Fallback" in n for n in summary["notes"])
     header, *rows = (run / "ledger.csv").read_text().splitlines()
@@ -57,6 +60,7 @@ def test_run_directory_holds_config_metrics_ledger_claims_and_report(tiny_runs):
     assert {r.split(",")[0] for r in rows} == {"fedavg-lora", "local-only"}
     report = (run / "report.md").read_text()
     assert "| FedAvg-LoRA beats local-only |" in report and "**Fallback:**" in report
+    assert report.splitlines()[2].startswith("**Smoke run.**")  # a quick config opens with the smoke-run line
     for plot in ("accuracy_per_round", "loss_per_round", "bytes_per_round"):
         assert (run / "plots" / f"{plot}.png").stat().st_size > 1000
         assert f"(plots/{plot}.png)" in report
