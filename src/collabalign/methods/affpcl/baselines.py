@@ -1,128 +1,140 @@
-"""The baselines of Fig. 1 (spec §3.1, §3.2, §3.12), vectorised over runs and agents; a loop over steps only.
-
-Each returns the squared errors ||x^i_t - x^i_*||^2 of the model agent i uses, after each step: (T, R, n).
-"""
+"""The baselines of the AffPCL experiments (spec §3.1, §3.2, §3.12), each written once over the problem interface
+(problem.py) and run by `algorithm.run`: one step of every agent per round, all variables starting at zero."""
 
 from __future__ import annotations
 
-from typing import Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 
-from collabalign.methods.affpcl.common import draw_noise, schedule, sq_err
-from collabalign.methods.affpcl.systems import GaussianSystems
+from collabalign.methods.affpcl.problem import Problem
 
 
-def run_il(system: GaussianSystems, steps: int, alpha: float | np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Independent learning: x^i <- x^i - a (A(s^i) x^i - b^i(s^i))."""
-    return _local(system, draw_noise(system, steps, rng), schedule(alpha, steps, system.runs),
-                  np.zeros((system.runs, system.n, system.d)))
+def _common(problem: Problem, x: np.ndarray) -> np.ndarray:
+    """A common model (R, d) as every agent's model (R, n, d), without copying."""
+    return np.broadcast_to(x[:, None], (problem.runs, problem.n, problem.d))
 
 
-def run_fedavg(system: GaussianSystems, steps: int, alpha: float | np.ndarray, rng: np.random.Generator
-               ) -> np.ndarray:
-    """FedAvg with one local step per round (= minibatch SGD, eq. 4): every agent uses the common x^c."""
-    noise, a = draw_noise(system, steps, rng), schedule(alpha, steps, system.runs)
-    return _fedavg(system, noise, a, np.zeros((system.runs, system.d)))[0]
+def _fedavg_step(problem: Problem, xc: np.ndarray, batch: Any, a: np.ndarray) -> np.ndarray:
+    """One FedAvg round with one local step: x^c <- x^c - a (1/n) sum_i g^i(x^c) (minibatch SGD, eq. 4)."""
+    return xc - a[:, None] * problem.grad(xc, batch).mean(1)
 
 
-def run_finetune(system: GaussianSystems, steps: int, alpha: float | np.ndarray, rng: np.random.Generator,
-                 pretrain_ratio: float = 0.5) -> np.ndarray:
-    """FedAvg for floor(ratio T) steps, then independent learning from the FedAvg model."""
-    noise, a = draw_noise(system, steps, rng), schedule(alpha, steps, system.runs)
-    k = int(pretrain_ratio * steps)
-    err_fed, xc = _fedavg(system, noise[:k], a[:k], np.zeros((system.runs, system.d)))
-    x = np.repeat(xc[:, None, :], system.n, axis=1)
-    return np.concatenate([err_fed, _local(system, noise[k:], a[k:], x)])
+@dataclass(frozen=True)
+class IL:
+    """Independent learning: x^i <- x^i - a g^i(x^i)."""
+
+    def start(self, problem: Problem, steps: int, rng) -> np.ndarray:
+        return np.zeros((problem.runs, problem.n, problem.d))
+
+    def step(self, problem: Problem, x: np.ndarray, batch: Any, a: np.ndarray, t: int) -> np.ndarray:
+        return x - a[:, None, None] * problem.grad(x, batch)
+
+    def held(self, problem: Problem, x: np.ndarray) -> np.ndarray:
+        return x
 
 
-def run_pfedme(system: GaussianSystems, steps: int, alpha: float | np.ndarray, rng: np.random.Generator,
-               reg: float = 15.0) -> np.ndarray:
-    """pFedMe (simplified, as in the reference scripts, §9 item 22): a proximal local step towards the global model,
+@dataclass(frozen=True)
+class FedAvg:
+    """FedAvg with one local step per round: every agent uses the common x^c."""
+
+    def start(self, problem: Problem, steps: int, rng) -> np.ndarray:
+        return np.zeros((problem.runs, problem.d))
+
+    def step(self, problem: Problem, xc: np.ndarray, batch: Any, a: np.ndarray, t: int) -> np.ndarray:
+        return _fedavg_step(problem, xc, batch, a)
+
+    def held(self, problem: Problem, xc: np.ndarray) -> np.ndarray:
+        return _common(problem, xc)
+
+
+@dataclass(frozen=True)
+class FineTune:
+    """FedAvg for the first floor(ratio T) steps, then independent learning from the FedAvg model."""
+
+    pretrain_ratio: float = 0.5
+
+    def start(self, problem: Problem, steps: int, rng) -> tuple:
+        return np.zeros((problem.runs, problem.d)), None, int(self.pretrain_ratio * steps)
+
+    def step(self, problem: Problem, state: tuple, batch: Any, a: np.ndarray, t: int) -> tuple:
+        xc, x, switch = state
+        if t < switch:
+            return _fedavg_step(problem, xc, batch, a), None, switch
+        if x is None:
+            x = np.repeat(xc[:, None], problem.n, axis=1)
+        return xc, x - a[:, None, None] * problem.grad(x, batch), switch
+
+    def held(self, problem: Problem, state: tuple) -> np.ndarray:
+        xc, x, _ = state
+        return _common(problem, xc) if x is None else x
+
+
+@dataclass(frozen=True)
+class PFedMe:
+    """pFedMe, simplified as in the reference scripts (§9 item 22): a proximal local step towards the global model,
     which is then the agents' average."""
-    noise, a_all = draw_noise(system, steps, rng), schedule(alpha, steps, system.runs)
-    x, xg = np.zeros((system.runs, system.n, system.d)), np.zeros((system.runs, system.d))
-    err = np.empty((steps, system.runs, system.n))
-    for t in range(steps):
-        s, a = system.sample(noise[t]), a_all[t][:, None, None]
-        x = x - a * (system.a_mul(s, x) - system.b(s) + reg * (x - xg[:, None]))
-        xg = x.mean(1)
-        err[t] = sq_err(x, system.xstar)
-    return err
+
+    reg: float = 15.0
+
+    def start(self, problem: Problem, steps: int, rng) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros((problem.runs, problem.n, problem.d)), np.zeros((problem.runs, problem.d))
+
+    def step(self, problem: Problem, state: tuple, batch: Any, a: np.ndarray, t: int) -> tuple:
+        x, xg = state
+        x = x - a[:, None, None] * (problem.grad(x, batch) + self.reg * (x - xg[:, None]))
+        return x, x.mean(1)
+
+    def held(self, problem: Problem, state: tuple) -> np.ndarray:
+        return state[0]
 
 
-def run_ditto(system: GaussianSystems, steps: int, alpha: float | np.ndarray, rng: np.random.Generator,
-              reg: float = 15.0) -> np.ndarray:
+@dataclass(frozen=True)
+class Ditto:
     """Ditto: a FedAvg step for the global w, then a regularised personal step towards the new w (same sample)."""
-    noise, a_all = draw_noise(system, steps, rng), schedule(alpha, steps, system.runs)
-    v, w = np.zeros((system.runs, system.n, system.d)), np.zeros((system.runs, system.d))
-    err = np.empty((steps, system.runs, system.n))
-    for t in range(steps):
-        s, a = system.sample(noise[t]), a_all[t][:, None]
-        b = system.b(s)
-        w = w - a * (system.a_mul(s, w) - b).mean(1)
-        v = v - a[..., None] * (system.a_mul(s, v) - b + reg * (v - w[:, None]))
-        err[t] = sq_err(v, system.xstar)
-    return err
+
+    reg: float = 15.0
+
+    def start(self, problem: Problem, steps: int, rng) -> tuple[np.ndarray, np.ndarray]:
+        return np.zeros((problem.runs, problem.n, problem.d)), np.zeros((problem.runs, problem.d))
+
+    def step(self, problem: Problem, state: tuple, batch: Any, a: np.ndarray, t: int) -> tuple:
+        v, w = state
+        w = _fedavg_step(problem, w, batch, a)
+        return v - a[:, None, None] * (problem.grad(v, batch) + self.reg * (v - w[:, None])), w
+
+    def held(self, problem: Problem, state: tuple) -> np.ndarray:
+        return state[0]
 
 
-def run_ifca(system: GaussianSystems, steps: int, alpha: float | np.ndarray, rng: np.random.Generator,
-             clusters: int = 10, init_std: float = 1e-2, assign: Literal["exact", "sampled"] = "exact",
-             window: int = 5) -> np.ndarray:
-    """Clustered FL (IFCA, Ghosh et al. 2020). Each step every agent joins the cluster model with the smallest loss and
-    each non-empty cluster takes a FedAvg step over its members. `exact` (oracle-assisted, the paper's setting) scores
-    ||Abar^i w_k - bbar^i||^2; `sampled` scores ||A(s) w_k - b^i(s)||^2 averaged over the agent's last `window`
-    samples, the argmin taken per agent over every cluster (the reference scripts' version always picked cluster 0)."""
-    noise, a_all = draw_noise(system, steps, rng), schedule(alpha, steps, system.runs)
-    runs, n, d = system.runs, system.n, system.d
-    w = init_std * rng.standard_normal((runs, clusters, d))
-    recent = np.empty((window, runs, n, d))
-    err = np.empty((steps, runs, n))
-    for t in range(steps):
-        s, a = system.sample(noise[t]), a_all[t][:, None, None]
-        recent[t % window] = s
-        if assign == "exact":
-            res = np.einsum("rnkl,rcl->rnck", system.abar, w) - system.bbar[:, :, None]
-            loss = (res**2).sum(-1)
-        else:
-            loss = _sampled_loss(system, recent[: min(t + 1, window)], w)
-        member = np.eye(clusters)[loss.argmin(-1)]  # one-hot (R, n, K)
-        own = np.einsum("rnc,rcd->rnd", member, w)
-        grad = system.a_mul(s, own) - system.b(s)
+@dataclass(frozen=True)
+class IFCA:
+    """Clustered FL (IFCA, Ghosh et al. 2020): each step every agent joins the cluster model with the smallest loss
+    (the problem's `cluster_loss`: exact, oracle-assisted as in the paper, or from the agent's last `window` samples)
+    and each non-empty cluster takes a FedAvg step over its members. Cluster models start at init_std N(0, I)."""
+
+    clusters: int = 10
+    init_std: float = 1e-2
+    assign: Literal["exact", "sampled"] = "exact"
+    window: int = 5
+
+    def start(self, problem: Problem, steps: int, rng: np.random.Generator) -> tuple:
+        w = self.init_std * rng.standard_normal((problem.runs, self.clusters, problem.d))
+        member = np.zeros((problem.runs, problem.n, self.clusters))
+        member[..., 0] = 1.0  # before the first assignment every agent holds cluster 0's model
+        return w, member, ()
+
+    def step(self, problem: Problem, state: tuple, batch: Any, a: np.ndarray, t: int) -> tuple:
+        w, _, recent = state
+        recent = (*recent, batch)[-self.window:]
+        loss = problem.cluster_loss(w, recent if self.assign == "sampled" else None)
+        member = np.eye(self.clusters)[loss.argmin(-1)]  # one-hot (R, n, K)
+        grad = problem.grad(np.einsum("rnc,rcd->rnd", member, w), batch)
         counts = member.sum(1)[..., None]
-        w = w - a * np.einsum("rnc,rnd->rcd", member, grad) / np.maximum(counts, 1.0)
-        err[t] = sq_err(np.einsum("rnc,rcd->rnd", member, w), system.xstar)
-    return err
+        w = w - a[:, None, None] * np.einsum("rnc,rnd->rcd", member, grad) / np.maximum(counts, 1.0)
+        return w, member, recent
 
-
-def _sampled_loss(system: GaussianSystems, recent: np.ndarray, w: np.ndarray) -> np.ndarray:
-    """Mean over the stored samples of ||A(s) w_k - b^i(s)||^2 for every agent and cluster, (R, n, K)."""
-    wins, runs, n, d = recent.shape
-    k = w.shape[1]
-    s = np.moveaxis(recent, 0, 2).reshape(runs, n * wins, d)  # agent-major: row i * wins + j
-    s_k = np.repeat(s, k, axis=1)
-    w_k = np.tile(w, (1, n * wins, 1))
-    theta = np.repeat(system.theta, wins * k, axis=1)
-    res = system.a_mul(s_k, w_k) - system.phi_mul(s_k, theta)
-    return (res**2).sum(-1).reshape(runs, n, wins, k).mean(2)
-
-
-def _local(system: GaussianSystems, noise: np.ndarray, a_all: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """Independent SGD steps from x, (T, R, n) errors."""
-    err = np.empty(noise.shape[:3])
-    for t in range(noise.shape[0]):
-        s = system.sample(noise[t])
-        x = x - a_all[t][:, None, None] * (system.a_mul(s, x) - system.b(s))
-        err[t] = sq_err(x, system.xstar)
-    return err
-
-
-def _fedavg(system: GaussianSystems, noise: np.ndarray, a_all: np.ndarray, xc: np.ndarray
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """FedAvg steps from xc: (T, R, n) errors of the common model against each agent's x*, and the final xc."""
-    err = np.empty(noise.shape[:3])
-    for t in range(noise.shape[0]):
-        s = system.sample(noise[t])
-        xc = xc - a_all[t][:, None] * (system.a_mul(s, xc) - system.b(s)).mean(1)
-        err[t] = sq_err(xc, system.xstar)
-    return err, xc
+    def held(self, problem: Problem, state: tuple) -> np.ndarray:
+        w, member, _ = state
+        return np.einsum("rnc,rcd->rnd", member, w)

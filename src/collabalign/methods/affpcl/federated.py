@@ -1,5 +1,6 @@
-"""AffPCL and FedAvg on one Gaussian system instance as federated `Algorithm`s: one round = one step of Algorithm 1,
-clients = agents, so the simulator's ledger shows AffPCL's per-step communication (Remark 1).
+"""AffPCL on one Gaussian system instance as a federated `Algorithm`: one round = one step of Algorithm 1, clients =
+agents, so the simulator's ledger shows AffPCL's per-step communication (Remark 1). Its FedAvg counterpart is the
+project's one FedAvg (`methods.fedavg`) with `LocalStep`: one local step per round on the same system.
 
 Algorithm 1 needs the server's importance-corrected G^i_t before agent i can finish step t. Here round t+1's download
 carries G^i_t together with x^c_{t+1} and theta^c_{t+1}; the agent first completes step t (x^i_{t+1} = x^i_t - a
@@ -15,14 +16,17 @@ from typing import Any
 
 import numpy as np
 
+import torch
+
 from collabalign.comm import Message
-from collabalign.federation.protocol import ClientContext
+from collabalign.federation.protocol import Algorithm, ClientContext
 from collabalign.methods.affpcl.systems import GaussianSystems
+from collabalign.methods.fedavg import Params
 from collabalign.seeding import Seeds
 
 
 def agent_data(system: GaussianSystems, noise: np.ndarray) -> dict[str, dict[str, Any]]:
-    """Client id -> that agent's index and sample stream (run 0 of `system`, noise (T, R, n, d) as `draw_noise`)."""
+    """Client id -> that agent's index and sample stream (run 0 of `system`, noise (T, R, n, d) as its `draw`)."""
     return {f"agent{i:03d}": {"index": i, "samples": system.means[0, i] + noise[:, 0, i]} for i in range(system.n)}
 
 
@@ -90,31 +94,30 @@ class AffPCLFederated(_Linear):
         return self.mse(xs)
 
 
-class FedAvgFederated(_Linear):
-    """FedAvg with one local step per round on the same system: the communication baseline of Remark 1."""
+class LocalStep(_Linear):
+    """FedAvg's `LocalTrainer` on the same system: one local step x <- x - alpha (A(s) x - b^i(s)) on a fresh sample s
+    of the agent's environment, drawn from the round's generator; parameters travel as float32."""
 
-    def init(self, seeds: Seeds) -> np.ndarray:
-        return np.zeros(self.system.d)
+    def initial_params(self, seeds: Seeds) -> Params:
+        return {"x": np.zeros(self.system.d, dtype=np.float32)}
 
-    def configure(self, state: np.ndarray, round_: int, client_ids: list[str]) -> dict[str, Message]:
-        return {cid: Message({"xc": state.astype(np.float32)}, {"step": round_ - 1}) for cid in client_ids}
+    def train(self, params: Params, data: dict[str, Any], rng: torch.Generator) -> tuple[Params, int]:
+        i = data["index"]
+        s = self.system.means[0, i] + torch.randn(self.system.d, generator=rng, dtype=torch.float64).numpy()
+        x = params["x"].astype(float)
+        x = x - self.alpha * (self.a_mul(s, x) - self.phi_mul(s, self.system.theta[0, i]))
+        return {"x": x.astype(np.float32)}, 1
 
-    def client_update(self, message: Message, client: ClientContext) -> Message:
-        s = client.data["samples"][message.meta["step"]]
-        xc = message["xc"].astype(float)
-        g = self.a_mul(s, xc) - self.phi_mul(s, self.system.theta[0, client.data["index"]])
-        return Message({"g": g.astype(np.float32)})
-
-    def aggregate(self, state: np.ndarray, replies: dict[str, Message], round_: int) -> np.ndarray:
-        return state - self.alpha * np.mean([r["g"].astype(float) for r in replies.values()], axis=0)
-
-    def evaluate(self, state: np.ndarray, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
-        return self.mse({c.data["index"]: state for c in clients.values()})
+    def evaluate(self, params: Params) -> dict[str, float]:
+        x = params["x"].astype(float)
+        return self.mse(dict.fromkeys(range(self.system.n), x))
 
 
-def payload_bytes(algorithm: AffPCLFederated | FedAvgFederated, data: dict[str, dict[str, Any]]) -> dict[str, int]:
+def payload_bytes(algorithm: Algorithm, data: dict[str, dict[str, Any]]) -> dict[str, int]:
     """Array bytes (no wire header) of one client's download and upload in the first round."""
     cid = next(iter(data))
     down = algorithm.configure(algorithm.init(Seeds(0)), 1, [cid])[cid]
-    up = algorithm.client_update(down, ClientContext(cid, data[cid]))
+    client = ClientContext(cid, data[cid])
+    client.seed_round(Seeds(0), 1)
+    up = algorithm.client_update(down, client)
     return {"down": down.array_nbytes, "up": up.array_nbytes}

@@ -3,15 +3,33 @@ instances (runs), each with n agents, controllable environment and objective het
 
 Agent i samples s ~ N(m_i, I_d) and observes A(s) = (I + eps_A s s^T) A_base and b^i(s) = Phi(s) theta^i with
 Phi(s) = (I + eps_b s s^T) Phi_base. Because E[s s^T] = I + m m^T, every mean and every solution is closed form.
-Arrays carry a leading run dimension R and, where per agent, an agent dimension n: (R, n, d).
+Arrays carry a leading run dimension R and, where per agent, an agent dimension n: (R, n, d). The systems implement
+the problem interface of problem.py: COE learns theta^c with Phi(s) (eq. 7); the density ratios are exact or plug the
+agents' running sample means into the Gaussian ratio (identity covariance known).
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 from scipy.special import logsumexp, ndtr
 
+from collabalign.methods.affpcl.problem import sq_err
+
 C_A = 4.0  # ||m_i|| = 4 delta_env: the paper's environment scale
+
+
+class GaussianBatch(NamedTuple):
+    s: np.ndarray  # each agent's sample (R, n, d)
+    b: np.ndarray  # its own objective b^i(s^i) (R, n, d)
+
+
+class GaussianCentral(NamedTuple):
+    theta: np.ndarray  # COE's theta^c (R, d)
+    learn: bool  # False: theta^c_* given (oracle)
+    sample_sum: np.ndarray  # the agents' summed samples of earlier steps (R, n, d), for estimated ratios
+    count: int
 
 
 class GaussianSystems:
@@ -72,7 +90,7 @@ class GaussianSystems:
         """Smallest eigenvalue of sym(M) for a stack of matrices (the strong-monotonicity constant)."""
         return np.linalg.eigvalsh(0.5 * (mats + np.swapaxes(mats, -1, -2)))[..., 0]
 
-    def sample(self, noise: np.ndarray) -> np.ndarray:
+    def sample_from(self, noise: np.ndarray) -> np.ndarray:
         """Agents' samples s = m + z from standard normal noise z of shape (R, n, d)."""
         return self.means + noise
 
@@ -98,6 +116,61 @@ class GaussianSystems:
         """Density ratios R[r, i, j] = rho^i(s^j) = mu^i(s^j) / mu^0(s^j), by log-sum-exp (§9 item 18)."""
         logp = self.log_density(s, means)
         return np.exp(logp - logsumexp(logp, axis=1, keepdims=True) + np.log(self.n))
+
+    # the problem interface (problem.py): one fresh sample per agent and step
+
+    def draw(self, steps: int, rng: np.random.Generator) -> np.ndarray:
+        """All standard-normal sample noise of a run up front, (T, R, n, d)."""
+        return rng.standard_normal((steps, self.runs, self.n, self.d))
+
+    def sample(self, draws: np.ndarray, t: int, models: np.ndarray) -> GaussianBatch:
+        s = self.sample_from(draws[t])
+        return GaussianBatch(s, self.b(s))
+
+    def grad(self, x: np.ndarray, batch: GaussianBatch) -> np.ndarray:
+        return self.a_mul(batch.s, x) - batch.b
+
+    def error(self, models: np.ndarray) -> np.ndarray:
+        return sq_err(models, self.xstar)
+
+    def central_start(self, central: str, weights: str) -> GaussianCentral:
+        theta = self.theta_c.copy() if central == "oracle" else np.zeros((self.runs, self.d))
+        return GaussianCentral(theta, central == "coe", np.zeros((self.runs, self.n, self.d)), 0)
+
+    def bias_correction(self, xc: np.ndarray, est: GaussianCentral, batch: GaussianBatch) -> np.ndarray:
+        return self.a_mul(batch.s, xc) - self.phi_mul(batch.s, est.theta)
+
+    def importance_corrected(self, corr: np.ndarray, xc: np.ndarray, est: GaussianCentral, batch: GaussianBatch,
+                             x: np.ndarray, weights: str) -> np.ndarray:
+        """rho^i(s^j) exact, or ("estimated") from the running sample means of steps < t (all ones at t = 0)."""
+        if weights == "exact":
+            rho = self.rho(batch.s)
+        elif weights == "estimated":
+            rho = self.rho(batch.s, est.sample_sum / est.count) if est.count else np.ones((self.runs, self.n, self.n))
+        else:
+            raise ValueError(f"Gaussian systems: unknown density ratios {weights!r}")
+        return np.einsum("rij,rjd->rid", rho, corr) / self.n
+
+    def coe(self, est: GaussianCentral, batch: GaussianBatch, a: np.ndarray) -> GaussianCentral:
+        """theta^c <- theta^c - a (1/n) sum_i (Phi(s^i) theta^c - b^i(s^i)) (eq. 7), and the sample sums."""
+        theta = est.theta - a[:, None] * (self.phi_mul(batch.s, est.theta) - batch.b).mean(1) if est.learn \
+            else est.theta
+        return GaussianCentral(theta, est.learn, est.sample_sum + batch.s, est.count + 1)
+
+    def cluster_loss(self, w: np.ndarray, recent: tuple[GaussianBatch, ...] | None) -> np.ndarray:
+        """IFCA's loss of every cluster model w (R, K, d) for every agent, (R, n, K): exact ||Abar^i w_k - bbar^i||^2
+        (recent None), or ||A(s) w_k - b^i(s)||^2 averaged over the agent's recent samples (the reference scripts'
+        version always picked cluster 0)."""
+        if recent is None:
+            res = np.einsum("rnkl,rcl->rnck", self.abar, w) - self.bbar[:, :, None]
+            return (res**2).sum(-1)
+        wins, k = len(recent), w.shape[1]
+        s = np.stack([b.s for b in recent], 2).reshape(self.runs, self.n * wins, self.d)  # row i * wins + j
+        s_k = np.repeat(s, k, axis=1)
+        w_k = np.tile(w, (1, self.n * wins, 1))
+        theta = np.repeat(self.theta, wins * k, axis=1)
+        res = self.a_mul(s_k, w_k) - self.phi_mul(s_k, theta)
+        return (res**2).sum(-1).reshape(self.runs, self.n, wins, k).mean(2)
 
 
 def _unit(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:

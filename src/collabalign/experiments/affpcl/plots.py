@@ -1,15 +1,14 @@
-"""Figures of the AffPCL reproduction: Fig. 1 panels (means and medians with 90% bands, log y), Fig. 6 agent panels
-and the two theory checks (rate in t, speed-up against max{1/n, delta})."""
+"""Figures of the AffPCL reproduction: Fig. 1 panels (means and medians with 90% bands, log y; also Figs. 2 and 3),
+Fig. 6 agent panels, the two theory checks (rate in t, speed-up against max{1/n, delta}), Fig. 4 heat maps and Fig. 5
+contours."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import matplotlib
+import numpy as np
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
+from collabalign.plotting import plt
 
 
 def _band(ax: plt.Axes, t: np.ndarray, b: dict, which: str, label: str, style: str = "-") -> None:
