@@ -1,6 +1,6 @@
-"""Plain per-run, per-agent loops of IL, FedAvg and AffPCL: a transcription of spec §3 with explicit matrices A(s),
-Phi(s) and Gaussian densities, used to check the vectorised code and as the benchmark's baseline.
-Same system and generator -> the same noise draws as the vectorised functions."""
+"""Plain per-run, per-agent loops of IL, FedAvg and AffPCL on the Gaussian systems: a transcription of spec §3 with
+explicit matrices A(s), Phi(s) and Gaussian densities, used to check the one vectorised update rule and as the
+benchmark's baseline. Same system and generator -> the same noise draws as the vectorised driver."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import math
 
 import numpy as np
 
-from collabalign.methods.affpcl.algorithm import Cdl, Weights
-from collabalign.methods.affpcl.common import draw_noise, schedule
+from collabalign.methods.affpcl.algorithm import Cdl, schedule
 from collabalign.methods.affpcl.systems import GaussianSystems
 
 
@@ -27,7 +26,7 @@ def _density(mean: np.ndarray, s: np.ndarray) -> float:
 
 def reference_il(system: GaussianSystems, steps: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
     """Independent learning, one agent at a time."""
-    noise, a = draw_noise(system, steps, rng), schedule(alpha, steps, system.runs)
+    noise, a = system.draw(steps, rng), schedule(alpha, steps, system.runs)
     err = np.empty((steps, system.runs, system.n))
     for r in range(system.runs):
         for i in range(system.n):
@@ -41,7 +40,7 @@ def reference_il(system: GaussianSystems, steps: int, alpha: float, rng: np.rand
 
 def reference_fedavg(system: GaussianSystems, steps: int, alpha: float, rng: np.random.Generator) -> np.ndarray:
     """FedAvg with one local step per round, one run at a time."""
-    noise, a = draw_noise(system, steps, rng), schedule(alpha, steps, system.runs)
+    noise, a = system.draw(steps, rng), schedule(alpha, steps, system.runs)
     err = np.empty((steps, system.runs, system.n))
     for r in range(system.runs):
         xc = np.zeros(system.d)
@@ -57,9 +56,9 @@ def reference_fedavg(system: GaussianSystems, steps: int, alpha: float, rng: np.
 
 
 def reference_affpcl(system: GaussianSystems, steps: int, alpha: float, rng: np.random.Generator,
-                     cdl: Cdl = "22-1", weights: Weights = "exact") -> np.ndarray:
+                     cdl: Cdl = "22-1", weights: str = "exact") -> np.ndarray:
     """AffPCL with COE, Algorithm 1 as corrected in spec §3.8, one run and one agent at a time."""
-    noise, a = draw_noise(system, steps, rng), schedule(alpha, steps, system.runs)
+    noise, a = system.draw(steps, rng), schedule(alpha, steps, system.runs)
     n, d = system.n, system.d
     err = np.empty((steps, system.runs, n))
     for r in range(system.runs):
@@ -90,7 +89,7 @@ def reference_affpcl(system: GaussianSystems, steps: int, alpha: float, rng: np.
     return err
 
 
-def _weight_means(system: GaussianSystems, r: int, weights: Weights, mean_sum: list[np.ndarray], t: int
+def _weight_means(system: GaussianSystems, r: int, weights: str, mean_sum: list[np.ndarray], t: int
                   ) -> list[np.ndarray] | None:
     """The Gaussian means the density ratios use (true or running sample means), or None for unit weights."""
     if weights == "exact":

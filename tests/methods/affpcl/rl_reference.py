@@ -1,11 +1,12 @@
 """Per-run, per-agent loop implementations of the RL algorithms (spec §3.13 pseudo-code, agent by agent), consuming the
-same uniforms as the vectorised versions in rl.py; tests check that both agree on small cases."""
+same uniforms as the vectorised driver on the TD and SARSA problems; tests check that both agree on small cases."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from collabalign.methods.affpcl.rl import TabularChains, TabularMDPs
+from collabalign.methods.affpcl.sarsa import TabularMDPs
+from collabalign.methods.affpcl.td import TabularChains
 
 
 def _draw(cum: np.ndarray, u: float) -> int:

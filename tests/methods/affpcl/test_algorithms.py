@@ -1,33 +1,38 @@
-"""AffPCL and its baselines: unbiased correction, limiting cases, agreement with the per-agent loops, determinism."""
+"""AffPCL's one update rule and its baselines on the Gaussian systems: unbiased correction, limiting cases, agreement
+with the per-agent loops, determinism."""
 
 import numpy as np
 import pytest
 
-from collabalign.methods.affpcl import METHODS, GaussianSystems, importance_weights
-from collabalign.methods.affpcl.algorithm import run_affpcl
-from collabalign.methods.affpcl.baselines import (
-    _sampled_loss,
-    run_ditto,
-    run_fedavg,
-    run_finetune,
-    run_ifca,
-    run_il,
-    run_pfedme,
-)
-from collabalign.methods.affpcl.reference import reference_affpcl, reference_fedavg, reference_il
-from collabalign.methods.affpcl.stats import last_mse
+from collabalign.methods.affpcl import IFCA, IL, AffPCL, Ditto, FedAvg, FineTune, GaussianSystems, PFedMe, run
+from collabalign.methods.affpcl.systems import GaussianBatch
+
+from .reference import reference_affpcl, reference_fedavg, reference_il
+
+METHODS = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(), "finetune": FineTune(), "pfedme": PFedMe(),
+           "ditto": Ditto(), "ifca": IFCA()}
+
+
+def errors(method, system, steps=15, alpha=0.01, seed=7):
+    return run(method, system, steps, alpha, np.random.default_rng(seed))[0]
+
+
+def last10(err):
+    return err[-10:].mean((0, 2))
 
 
 def _correction_draws(weights: str, draws: int = 50000):
-    """Monte Carlo draws of (1/n) sum_j rho^i(s^j) g^{c->j}(x^c) - g^{c->i}(x^c) and of the full direction."""
+    """Monte Carlo draws of the importance-corrected term minus the bias correction, and of the full direction."""
     rng = np.random.default_rng(0)
     system = GaussianSystems(rng, 1, 5, delta_env=0.3, delta_obj=0.3).tile(draws)
     x, xc, th = (np.broadcast_to(rng.standard_normal(5), (draws, 5)) for _ in range(3))
-    s = system.sample(rng.standard_normal((draws, 5, 5)))
-    corr = system.a_mul(s, xc) - system.phi_mul(s, th)
-    rho = importance_weights(system, s, weights, np.zeros_like(s), 0)
-    bias = np.einsum("rij,rjd->rid", rho, corr) / 5 - corr
-    direction = system.a_mul(s, x) - system.b(s) + bias
+    s = system.sample_from(rng.standard_normal((draws, 5, 5)))
+    batch, est = GaussianBatch(s, system.b(s)), system.central_start("coe", weights)._replace(theta=th)
+    corr = system.bias_correction(xc, est, batch)
+    server = (system.importance_corrected(corr, xc, est, batch, None, weights) if weights != "none"
+              else corr.mean(1, keepdims=True))
+    bias = server - corr
+    direction = system.grad(x, batch) + bias
     return system, x[0], bias, direction
 
 
@@ -46,12 +51,12 @@ def test_without_importance_weights_the_correction_is_biased_under_environment_s
 
 
 @pytest.mark.parametrize("method,reference,options", [
-    (run_il, reference_il, {}), (run_fedavg, reference_fedavg, {}), (run_affpcl, reference_affpcl, {}),
-    (run_affpcl, reference_affpcl, {"cdl": "22-2", "weights": "estimated"}),
-    (run_affpcl, reference_affpcl, {"weights": "none"})])
+    (IL(), reference_il, {}), (FedAvg(), reference_fedavg, {}), (AffPCL(), reference_affpcl, {}),
+    (AffPCL(cdl="22-2", weights="estimated"), reference_affpcl, {"cdl": "22-2", "weights": "estimated"}),
+    (AffPCL(weights="none"), reference_affpcl, {"weights": "none"})])
 def test_vectorised_equals_per_agent_reference(method, reference, options):
     system = GaussianSystems(np.random.default_rng(1), 2, 4, delta_env=0.5, delta_obj=0.5)
-    fast = method(system, 15, 0.01, np.random.default_rng(7), **options)
+    fast = errors(method, system)
     slow = reference(system, 15, 0.01, np.random.default_rng(7), **options)
     assert fast.shape == (15, 2, 4)
     np.testing.assert_allclose(fast, slow, rtol=1e-10, atol=1e-13)
@@ -59,55 +64,64 @@ def test_vectorised_equals_per_agent_reference(method, reference, options):
 
 def test_affpcl_with_one_agent_is_independent_learning():
     system = GaussianSystems(np.random.default_rng(2), 3, 1, delta_obj=0.5)
-    np.testing.assert_allclose(run_affpcl(system, 40, 0.01, np.random.default_rng(3)),
-                               run_il(system, 40, 0.01, np.random.default_rng(3)), rtol=1e-9)
+    np.testing.assert_allclose(errors(AffPCL(), system, 40, seed=3), errors(IL(), system, 40, seed=3), rtol=1e-9)
 
 
 @pytest.mark.parametrize("central,cdl", [("coe", "22-1"), ("coe", "22-2"), ("oracle", "22-1")])
 def test_affpcl_gets_fedavg_rate_in_the_homogeneous_setting(central, cdl):
     system = GaussianSystems(np.random.default_rng(4), 8, 20)
-    affpcl = lambda *args: run_affpcl(*args, central=central, cdl=cdl)
-    last = {m: last_mse(f(system, 60, 0.01, np.random.default_rng(5))).mean()
-            for m, f in (("il", run_il), ("fedavg", run_fedavg), ("affpcl", affpcl))}
+    last = {m: last10(errors(method, system, 60, seed=5)).mean()
+            for m, method in (("il", IL()), ("fedavg", FedAvg()), ("affpcl", AffPCL(central=central, cdl=cdl)))}
     assert 0.6 < last["affpcl"] / last["fedavg"] < 1.6
     assert last["affpcl"] / last["il"] < 0.2  # collaboration gain: ~1/n asymptotically, here n = 20
 
 
 def test_regularised_and_fine_tuned_baselines_reduce_to_their_parts():
     system = GaussianSystems(np.random.default_rng(6), 2, 5, delta_env=0.3, delta_obj=0.3)
-    il = run_il(system, 20, 0.01, np.random.default_rng(8))
-    np.testing.assert_allclose(run_ditto(system, 20, 0.01, np.random.default_rng(8), reg=0.0), il)
-    np.testing.assert_allclose(run_pfedme(system, 20, 0.01, np.random.default_rng(8), reg=0.0), il)
-    fed = run_fedavg(system, 20, 0.01, np.random.default_rng(8))
-    np.testing.assert_array_equal(run_finetune(system, 20, 0.01, np.random.default_rng(8))[:10], fed[:10])
+    il = errors(IL(), system, 20, seed=8)
+    np.testing.assert_allclose(errors(Ditto(reg=0.0), system, 20, seed=8), il)
+    np.testing.assert_allclose(errors(PFedMe(reg=0.0), system, 20, seed=8), il)
+    fed = errors(FedAvg(), system, 20, seed=8)
+    tuned = errors(FineTune(), system, 20, seed=8)
+    np.testing.assert_array_equal(tuned[:10], fed[:10])
+    assert not np.allclose(tuned[10:], fed[10:])
 
 
 def test_ifca_sampled_loss_scores_every_cluster():
     system = GaussianSystems(np.random.default_rng(9), 2, 3, delta_env=0.5, delta_obj=0.5)
-    recent = system.sample(np.random.default_rng(10).standard_normal((4, 2, 3, 5)))
+    noise = np.random.default_rng(10).standard_normal((4, 2, 3, 5))
+    recent = tuple(system.sample(noise, t, None) for t in range(4))
     w = np.random.default_rng(11).standard_normal((2, 6, 5))
-    loss = _sampled_loss(system, recent, w)
+    loss = system.cluster_loss(w, recent)
     a = lambda r, s: (np.eye(5) + np.outer(s, s)) @ system.a_base[r]
     phi = lambda r, s: (np.eye(5) + 0.5 * np.outer(s, s)) @ system.phi_base[r]
     for r in range(2):
         for i in range(3):
             for k in range(6):
-                res = [a(r, s) @ w[r, k] - phi(r, s) @ system.theta[r, i] for s in recent[:, r, i]]
+                res = [a(r, b.s[r, i]) @ w[r, k] - phi(r, b.s[r, i]) @ system.theta[r, i] for b in recent]
                 assert loss[r, i, k] == pytest.approx(np.mean([v @ v for v in res]))
-    err = run_ifca(system, 10, 0.01, np.random.default_rng(12), clusters=6, assign="sampled")
-    assert np.isfinite(err).all()
+    assert np.isfinite(errors(IFCA(clusters=6, assign="sampled"), system, 10, seed=12)).all()
+
+
+def test_ifca_with_one_cluster_started_at_zero_is_fedavg():
+    system = GaussianSystems(np.random.default_rng(16), 2, 3, delta_env=0.6, delta_obj=0.6)
+    err = errors(IFCA(clusters=1, init_std=0.0), system, 30, seed=17)
+    np.testing.assert_allclose(err, errors(FedAvg(), system, 30, seed=17), rtol=1e-10)
 
 
 def test_same_seed_same_errors_for_every_method():
     system = GaussianSystems(np.random.default_rng(13), 2, 4, delta_env=0.3, delta_obj=0.3)
-    for f in METHODS.values():
-        a, b = f(system, 10, 0.01, np.random.default_rng(14)), f(system, 10, 0.01, np.random.default_rng(14))
+    for method in METHODS.values():
+        a, b = errors(method, system, 10, seed=14), errors(method, system, 10, seed=14)
         np.testing.assert_array_equal(a, b)
-        assert not np.array_equal(a, f(system, 10, 0.01, np.random.default_rng(15)))
+        assert not np.array_equal(a, errors(method, system, 10, seed=15))
 
 
-def test_improvement_is_percent_reduction_and_nan_when_twice_worse():
-    from collabalign.methods.affpcl.sweeps import improvement
-
-    out = improvement(np.array([1.0, 1.0, 1.0]), np.array([0.25, 1.5, 2.5]))
-    assert out[0] == 75 and out[1] == -50 and np.isnan(out[2])
+def test_step_size_schedules_per_step_and_per_run():
+    system = GaussianSystems(np.random.default_rng(18), 3, 4, delta_env=0.2, delta_obj=0.2)
+    constant = errors(AffPCL(), system, 12, alpha=0.01)
+    np.testing.assert_array_equal(errors(AffPCL(), system, 12, alpha=np.full(12, 0.01)), constant)
+    np.testing.assert_array_equal(errors(AffPCL(), system, 12, alpha=np.full(3, 0.01)), constant)
+    faster = errors(AffPCL(), system, 12, alpha=np.array([0.01, 0.01, 0.02]))
+    np.testing.assert_array_equal(faster[:, :2], constant[:, :2])
+    assert not np.allclose(faster[:, 2], constant[:, 2])

@@ -1,5 +1,5 @@
-"""AffPCL personalised reward models (spec §8.3): vectorised R1 / R3 equal per-annotator loops, the plug-in density
-ratio, the reward section on a tiny config and the text attributes of HH pairs."""
+"""AffPCL personalised reward models (spec §8.3): the one update rule on the R1 / R2 / R3 tasks equals per-annotator
+loops, the plug-in density ratio, the reward part on a tiny config and the text attributes of HH pairs."""
 
 import json
 
@@ -8,17 +8,15 @@ import pytest
 from scipy.special import expit
 
 from collabalign.data import shared_data_dir
-from collabalign.experiments.affpcl_reward import RewardConfig, reward_claims, reward_table
-from collabalign.methods.affpcl.reward import (
-    Annotators,
-    label_prob,
-    plugin_ratio,
-    run_reward,
-    synthetic_pool,
-)
-from collabalign.methods.affpcl.reward_data import APOLOGY_WORDS, last_human_turn, pair_attributes
+from collabalign.data.annotator_pools import APOLOGY_WORDS, last_human_turn, pair_attributes, synthetic_pool
+from collabalign.experiments.affpcl.reward import RewardConfig, part
+from collabalign.experiments.affpcl.reward_tables import reward_table
+from collabalign.methods.affpcl import IL, AffPCL, Ditto, FedAvg, run
+from collabalign.methods.affpcl.annotators import Annotators, RewardTask, plugin_ratio
 from collabalign.runs import RunDir
 from collabalign.seeding import Seeds
+
+METHODS = {"il": IL(), "fedavg": FedAvg(), "ditto": Ditto(0.15), "affpcl": AffPCL()}
 
 LAM = np.array([2.0, -1.0, 1.0]) / np.sqrt(6)
 
@@ -65,8 +63,8 @@ def reference(method, variant, users, draws, alpha, steps, reg=0.15, coe_alpha=0
                             pk = [[users.prob[r, k, items[j]] if lab[j] else 1 - users.prob[r, k, items[j]]
                                    for k in range(users.n)] for j in range(users.n)]
                         else:
-                            pk = [[label_prob(variant, x[None, k: k + 1], z[j][None, None, None], np.array(
-                                [[lab[j]]]))[0, 0, 0, 0] for k in range(users.n)] for j in range(users.n)]
+                            pk = [[plugin_prob(variant, x[k] @ z[j], lab[j]) for k in range(users.n)]
+                                  for j in range(users.n)]
                         server = np.mean([pk[j][i] / np.mean(pk[j]) * cj[j] for j in range(users.n)], axis=0)
                     new[i] = x[i] - alpha * (gi + server - cj[i])
             if method == "affpcl" and variant == "r1":
@@ -78,20 +76,33 @@ def reference(method, variant, users, draws, alpha, steps, reg=0.15, coe_alpha=0
     return out
 
 
+def plugin_prob(variant, pred, label):
+    """P_w(label | s) from the prediction z^T w: logistic (r2) or clipped linear probability (r3)."""
+    p1 = expit(pred) if variant == "r2" else min(max((1 + pred) / 2, 0.05), 0.95)
+    return p1 if label else 1 - p1
+
+
+def final_models(method, task, draws, steps, alpha=0.8):
+    return np.array(run(method, task, steps, alpha, None, draws=draws, every=steps)[1])
+
+
 @pytest.mark.parametrize("variant", ["r1", "r3", "r2"])
-@pytest.mark.parametrize("method", ["il", "fedavg", "ditto", "affpcl"])
+@pytest.mark.parametrize("method", list(METHODS))
 def test_vectorised_equals_per_annotator_loop(variant, method):
     users, steps = small(), 15
-    draws = users.draw(steps, 1, np.random.default_rng(5))
-    _, w = run_reward(method, variant, users, steps, 0.8, 1, None, eval_every=5, draws=draws)
-    np.testing.assert_allclose(w, reference(method, variant, users, draws, 0.8, steps), rtol=1e-10, atol=1e-12)
+    task = RewardTask(users, variant)
+    draws = task.draw(steps, np.random.default_rng(5))
+    np.testing.assert_allclose(final_models(METHODS[method], task, draws, steps),
+                               reference(method, variant, users, draws, 0.8, steps), rtol=1e-10, atol=1e-12)
 
 
-def test_affpcl_with_plugin_weights_from_separate_models_equals_loop_for_r3():
+@pytest.mark.parametrize("variant", ["r2", "r3"])
+def test_affpcl_with_plugin_weights_from_the_personal_models_equals_loop(variant):
     users, steps = small(n=4, delta=1.0), 12
-    draws = users.draw(steps, 1, np.random.default_rng(6))
-    _, w = run_reward("affpcl", "r3", users, steps, 0.8, 1, None, eval_every=4, weights="plugin", draws=draws)
-    np.testing.assert_allclose(w, reference("affpcl", "r3", users, draws, 0.8, steps, weights="plugin"),
+    task = RewardTask(users, variant)
+    draws = task.draw(steps, np.random.default_rng(6))
+    np.testing.assert_allclose(final_models(AffPCL(weights="plugin"), task, draws, steps),
+                               reference("affpcl", variant, users, draws, 0.8, steps, weights="plugin"),
                                rtol=1e-10, atol=1e-12)
 
 
@@ -100,24 +111,35 @@ def test_plugin_ratio_is_bounded_by_n_and_one_when_annotators_agree():
     runs, n, b, d = 3, 7, 5, 4
     z, label = rng.standard_normal((runs, n, b, d)), rng.integers(2, size=(runs, n, b)).astype(float)
     w = 3 * rng.standard_normal((runs, n, d))
-    rho = plugin_ratio(label_prob("r2", w, z, label))
+    task = RewardTask(small(), "r2")
+    rho = plugin_ratio(task.label_prob(w, z, label))
     assert rho.shape == (runs, n, n, b) and (rho > 0).all() and (rho <= n + 1e-12).all()
     np.testing.assert_allclose(rho.mean(1), 1.0)  # the annotator average of rho^i(s) is 1
     same = np.broadcast_to(w[:, :1], w.shape)
-    np.testing.assert_allclose(plugin_ratio(label_prob("r2", same, z, label)), 1.0)
+    np.testing.assert_allclose(plugin_ratio(task.label_prob(same, z, label)), 1.0)
     extreme = np.zeros((1, n, 1, 1))
     extreme[0, 0] = 1.0  # only annotator 0 gives the observed label any probability
     assert plugin_ratio(extreme)[0, 0, 0, 0] == pytest.approx(n)
 
 
 def test_spec_plugin_from_personal_iterates_stays_at_the_pooled_model():
-    users = small(n=4, delta=1.0)
-    draws = users.draw(20, 2, np.random.default_rng(3))
-    _, w_plug = run_reward("affpcl", "r2", users, 20, 1.0, 2, None, eval_every=5, weights="plugin", draws=draws)
-    _, w_fed = run_reward("fedavg", "r2", users, 20, 1.0, 2, None, eval_every=5, draws=draws)
-    _, w_dre = run_reward("affpcl", "r2", users, 20, 1.0, 2, None, eval_every=5, weights="plugin_il", draws=draws)
+    task = RewardTask(small(n=4, delta=1.0), "r2", batch=2)
+    draws = task.draw(20, np.random.default_rng(3))
+    w_plug = final_models(AffPCL(weights="plugin"), task, draws, 20, 1.0)
+    w_fed = final_models(FedAvg(), task, draws, 20, 1.0)
+    w_dre = final_models(AffPCL(weights="plugin_il"), task, draws, 20, 1.0)
     np.testing.assert_allclose(w_plug, w_fed, atol=1e-12)
     assert np.abs(w_dre - w_fed).max() > 1e-3
+
+
+def test_affpcl_with_independent_plugin_models_uses_their_label_laws():
+    """'plugin_il' weights come from independently learned models: their IL run is the estimator's state."""
+    task = RewardTask(small(n=3, delta=1.0), "r3")
+    draws = task.draw(10, np.random.default_rng(7))
+    state = AffPCL(weights="plugin_il").start(task, 10, None)
+    for t in range(10):
+        state = AffPCL(weights="plugin_il").step(task, state, task.sample(draws, t, state.x), np.full(2, 0.8), t)
+    np.testing.assert_allclose(state.est.v, final_models(IL(), task, draws, 10), rtol=1e-12)
 
 
 def test_accuracy_and_optimum():
@@ -150,15 +172,16 @@ def test_attributes_of_two_hand_made_pairs():
 
 def tiny(datasets):
     return RewardConfig(datasets=datasets, variants=["r1", "r2"], n_list=[3, 6], deltas=[0.0, 1.0], runs=3,
-                        steps=20, eval_every=5, window=2, synthetic_items=200, synthetic_d=8, hh_pairs=24, hh_dim=8,
-                        boot=200)
+                        steps=20, eval_every=5, window=2, synthetic_items=200, synthetic_d=8, hh_pairs=24, hh_dim=8)
 
 
 def test_reward_section_runs_on_a_tiny_config(tmp_path):
-    cfg, metrics = tiny(["synthetic"]), {}
-    claims, records, md = reward_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
+    cfg = tiny(["synthetic"])
+    result = part(cfg, Seeds(0), RunDir(tmp_path), False)
+    claims, records, metrics, md = result.claims, result.records, result.metrics, result.notes[1:]
     assert len(claims) == 3 + 3 * 2 + 1
     assert {c["verdict"] for c in claims} <= {"reproduced", "not reproduced", "inconclusive"}
+    assert {c["rule"] for c in claims} == {"non-inferiority", "superiority"} and all(c["n"] == 3 for c in claims)
     assert len(records) == 2 * 2 * (5 + 7)
     table = json.loads((tmp_path / "reward_table.json").read_text())
     assert set(table) == {"synthetic/r1", "synthetic/r2"} and set(table["synthetic/r1"]) == {"3/0", "3/1", "6/0",
@@ -174,9 +197,9 @@ def test_reward_section_runs_on_a_tiny_config(tmp_path):
 
 @pytest.mark.skipif(shared_data_dir() is None, reason="shared data folder (../shared/data) not found")
 def test_reward_section_on_real_hh_pairs(tmp_path):
-    cfg, metrics = tiny(["hh"]), {}
+    cfg = tiny(["hh"])
     cfg.variants = ["r2"]
-    claims, _, _ = reward_claims(cfg, Seeds(0), metrics, RunDir(tmp_path), np.random.default_rng(0), False)
-    assert len(claims) == 7 and not metrics["reward_models"]["skipped"]
+    result = part(cfg, Seeds(0), RunDir(tmp_path), False)
+    assert len(result.claims) == 7 and not result.metrics["reward_models"]["skipped"]
     cells = json.loads((tmp_path / "reward_table.json").read_text())["hh/r2"]
     assert all(0.5 < c["bayes"] <= 1 for c in cells.values())

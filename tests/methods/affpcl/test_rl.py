@@ -1,20 +1,22 @@
-"""AffPCL in RL and on the digits substitute: exact stationary density ratios, personalised TD(0) limits, vectorised
-RL against the per-agent loops, and the digits users' sampling and test MSE."""
+"""AffPCL in RL: exact stationary density ratios, personalised TD(0) limits, and the one vectorised update rule on the
+TD and SARSA problems against the per-agent loops."""
 
 import numpy as np
 import pytest
 
-from collabalign.methods.affpcl.digits import DIGITS_METHODS, DigitFeatures, DigitsUsers, run_digits
-from collabalign.methods.affpcl.rl import (
-    SARSA_METHODS,
-    TD_METHODS,
-    TabularChains,
-    TabularMDPs,
-    categorical,
-    run_sarsa,
-    run_td,
-)
-from collabalign.methods.affpcl.rl_reference import reference_sarsa, reference_td
+from collabalign.methods.affpcl import IL, AffPCL, FedAvg, run
+from collabalign.methods.affpcl.rl import categorical
+from collabalign.methods.affpcl.sarsa import TabularMDPs
+from collabalign.methods.affpcl.td import TabularChains
+
+from .rl_reference import reference_sarsa, reference_td
+
+TD = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(), "oracle": AffPCL(central="oracle")}
+SARSA = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(cdl="22-2"), "affpcl_dre": AffPCL(cdl="22-2", weights="dre")}
+
+
+def errors(method, problem, steps, alpha, seed):
+    return run(method, problem, steps, alpha, np.random.default_rng(seed))[0]
 
 
 @pytest.fixture(scope="module")
@@ -66,63 +68,41 @@ def test_mdp_stationary_state_action_laws_are_invariant():
 @pytest.mark.parametrize("central", ["coe", "oracle"])
 def test_personalised_td_with_one_agent_is_plain_td(central):
     one = TabularChains(np.random.default_rng(5), 3, 1, states=5, delta_env=0.4, delta_obj=0.4)
-    plain = run_td("il", one, 200, 0.1, np.random.default_rng(9))
-    personal = run_td("affpcl", one, 200, 0.1, np.random.default_rng(9), central=central)
+    plain = errors(IL(), one, 200, 0.1, 9)
+    personal = errors(AffPCL(central=central), one, 200, 0.1, 9)
     assert np.allclose(personal, plain, rtol=1e-9, atol=1e-12) and plain[-1].mean() < plain[0].mean()
 
 
 @pytest.mark.parametrize("features", ["tabular", "linear"])
-@pytest.mark.parametrize("method", [*TD_METHODS, "oracle"])
+@pytest.mark.parametrize("method", list(TD))
 def test_vectorised_td_equals_per_agent_loop(method, features):
     small = TabularChains(np.random.default_rng(2), 2, 3, states=4, delta_env=0.5, delta_obj=0.5, features=features,
                           d=3)
     name, central = ("affpcl", "oracle") if method == "oracle" else (method, "coe")
-    fast = run_td(name, small, 40, 0.2, np.random.default_rng(4), central=central)
+    fast = errors(TD[method], small, 40, 0.2, 4)
     slow = reference_td(name, small, 40, 0.2, np.random.default_rng(4), central=central)
     assert np.allclose(fast, slow, rtol=1e-9, atol=1e-12)
 
 
-@pytest.mark.parametrize("method", SARSA_METHODS)
+@pytest.mark.parametrize("method", list(SARSA))
 def test_vectorised_sarsa_equals_per_agent_loop(method):
     mdps = TabularMDPs(np.random.default_rng(6), 2, 3, states=4, actions=3, d=5, delta_env=0.5, delta_obj=0.5,
                        sweeps=200)
-    fast = run_sarsa(method, mdps, 30, 0.1, np.random.default_rng(8))
+    fast = errors(SARSA[method], mdps, 30, 0.1, 8)
     slow = reference_sarsa(method, mdps, 30, 0.1, np.random.default_rng(8))
     assert np.allclose(fast, slow, rtol=1e-9, atol=1e-12)
 
 
 def test_personalised_td_gains_about_one_over_n_on_identical_chains():
     same = TabularChains(np.random.default_rng(7), 4, 10, states=6)
-    il = run_td("il", same, 1500, 0.1, np.random.default_rng(1))[-300:].mean()
-    aff = run_td("affpcl", same, 1500, 0.1, np.random.default_rng(2))[-300:].mean()
+    il = errors(IL(), same, 1500, 0.1, 1)[-300:].mean()
+    aff = errors(AffPCL(), same, 1500, 0.1, 2)[-300:].mean()
     assert 0.03 < aff / il < 0.3
 
 
-@pytest.fixture(scope="module")
-def feats():
-    return DigitFeatures(0, max_iter=60)
-
-
-def test_digits_users_sample_their_class_mixtures_and_test_mse_is_exact(feats):
-    users = DigitsUsers(feats, np.random.default_rng(0), 2, 4, delta_obj=0.6)
-    cls, phi = users.sample(np.random.default_rng(1).uniform(size=(2, 4, 20000, 2)))
-    freq = np.stack([(cls == c).mean(-1) for c in range(10)], -1)
-    assert np.abs(freq - users.p).max() < 0.015
-    rows = [np.flatnonzero((feats.phi == row).all(-1)) for row in phi[1, 2, :50]]
-    assert all(feats.labels[r[0]] == c for r, c in zip(rows, cls[1, 2, :50], strict=True))
-    assert np.allclose(np.einsum("rc,rnc->rn", users.p.mean(1), users.rho), 1.0)  # E_{mu^0} rho^i = 1
-    x = np.random.default_rng(2).standard_normal((2, 4, feats.d)) * 0.1
-    weights = users.p[..., feats.test_labels] / np.bincount(feats.test_labels, minlength=10)[feats.test_labels]
-    pred = np.einsum("kd,rnd->rnk", feats.test_phi, x)
-    brute = (weights * (pred - users.y[..., feats.test_labels]) ** 2).sum(-1)
-    assert np.allclose(users.test_mse(x), brute)
-
-
-def test_digits_affpcl_with_one_user_is_independent_learning(feats):
-    one = DigitsUsers(feats, np.random.default_rng(0), 2, 1, delta_obj=0.0)
-    il = run_digits("il", one, 30, 1.0, 4, np.random.default_rng(3))
-    for method in ("affpcl", "affpcl_no_ic"):
-        assert np.allclose(run_digits(method, one, 30, 1.0, 4, np.random.default_rng(3)), il)
-    with pytest.raises(ValueError):
-        run_digits("nope", one, 1, 1.0, 1, np.random.default_rng(0), eval_every=1)
-    assert set(DIGITS_METHODS) >= {"il", "fedavg", "affpcl"}
+def test_sarsa_problem_rejects_an_oracle_central_reward_and_unknown_ratios():
+    mdps = TabularMDPs(np.random.default_rng(6), 1, 2, states=3, actions=2, d=3, sweeps=50)
+    with pytest.raises(ValueError, match="COE only"):
+        errors(AffPCL(central="oracle"), mdps, 2, 0.1, 0)
+    with pytest.raises(ValueError, match="unknown density ratios"):
+        errors(AffPCL(cdl="22-2", weights="plugin"), mdps, 2, 0.1, 0)

@@ -13,7 +13,7 @@ def system():
 
 def test_closed_form_means_match_monte_carlo(system):
     mc = system.tile(40000)
-    s = mc.sample(np.random.default_rng(1).standard_normal((40000, 6, 5)))
+    s = mc.sample_from(np.random.default_rng(1).standard_normal((40000, 6, 5)))
     x = np.random.default_rng(2).standard_normal(5)
     abar_x = mc.a_mul(s, np.broadcast_to(x, (40000, 5))).mean(0)
     b = mc.b(s)
@@ -23,7 +23,7 @@ def test_closed_form_means_match_monte_carlo(system):
 
 
 def test_matrix_free_products_equal_explicit_matrices(system):
-    s = system.sample(np.random.default_rng(3).standard_normal((3, 6, 5)))
+    s = system.sample_from(np.random.default_rng(3).standard_normal((3, 6, 5)))
     x = np.random.default_rng(4).standard_normal((3, 6, 5))
     a = (np.eye(5) + s[..., :, None] * s[..., None, :]) @ system.a_base[:, None]
     assert np.allclose(system.a_mul(s, x), np.einsum("rnkl,rnl->rnk", a, x))
@@ -39,7 +39,7 @@ def test_central_system_and_reference_agent(system):
 
 
 def test_density_ratios_average_to_one_and_are_bounded_by_n(system):
-    s = system.sample(np.random.default_rng(5).standard_normal((3, 6, 5)))
+    s = system.sample_from(np.random.default_rng(5).standard_normal((3, 6, 5)))
     rho = system.rho(s)
     assert np.allclose(rho.sum(1), 6) and (rho <= 6 + 1e-9).all() and (rho > 0).all()
     rho_direct = np.exp(system.log_density(s))

@@ -28,7 +28,8 @@ def part(cfg: Fig1Config, seeds: Seeds, run_dir: RunDir) -> Part:
     """Both algorithms for cfg.steps rounds at cfg.ledger_level: ledger.csv, the claim and the simulator check."""
     instance = system(cfg, seeds, cfg.ledger_level).tile(1)
     data = agent_data(instance, instance.draw(cfg.steps, seeds.numpy("federated/noise")))
-    algorithms = {"affpcl": AffPCLFederated(instance, cfg.alpha), "fedavg": fedavg.FedAvg(LocalStep(instance, cfg.alpha))}
+    algorithms = {"affpcl": AffPCLFederated(instance, cfg.alpha),
+                  "fedavg": fedavg.FedAvg(LocalStep(instance, cfg.alpha))}
     results = {m: simulate(a, data, cfg.steps, seeds.seed, progress=False, label=m) for m, a in algorithms.items()}
     run_dir.write_ledgers({m: r.ledger for m, r in results.items()})
     wire = {m: sum(b for _, _, _, b in r.ledger.rows) / cfg.steps / cfg.n for m, r in results.items()}

@@ -5,8 +5,6 @@ replicates (users' mixtures are redrawn per run and shared by every method)."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from collabalign import claims
 from collabalign.config import Strict
 from collabalign.data.digit_features import digit_features

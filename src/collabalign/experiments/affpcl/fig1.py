@@ -13,7 +13,18 @@ from collabalign import claims
 from collabalign.config import Strict
 from collabalign.experiments.affpcl import plots
 from collabalign.experiments.affpcl.shared import bands, summary, tagged
-from collabalign.methods.affpcl import IFCA, IL, AffPCL, Ditto, FedAvg, FineTune, GaussianSystems, PFedMe, heterogeneity, run
+from collabalign.methods.affpcl import (
+    IFCA,
+    IL,
+    AffPCL,
+    Ditto,
+    FedAvg,
+    FineTune,
+    GaussianSystems,
+    PFedMe,
+    heterogeneity,
+    run,
+)
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 

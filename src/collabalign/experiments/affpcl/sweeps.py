@@ -67,7 +67,8 @@ def fig4_grid(cfg: SweepConfig, seeds: Seeds) -> dict[str, np.ndarray]:
             system = GaussianSystems(seeds.numpy(f"fig4/{de}/{do}/instance"), cfg.runs, cfg.n, delta_env=de,
                                      delta_obj=do)
             for m, method in FIG4.items():
-                mse[m][a, b] = last_mse(run(method, system, cfg.steps, cfg.alpha, seeds.numpy(f"fig4/{de}/{do}/{m}"))[0])
+                errs = run(method, system, cfg.steps, cfg.alpha, seeds.numpy(f"fig4/{de}/{do}/{m}"))[0]
+                mse[m][a, b] = last_mse(errs)
     return mse
 
 
@@ -78,7 +79,8 @@ def fig5_grid(cfg: SweepConfig, seeds: Seeds) -> np.ndarray:
         for b, delta in enumerate(cfg.fig5_deltas):
             system = GaussianSystems(seeds.numpy(f"fig5/{n}/{delta}/instance"), cfg.runs, n, delta_env=delta,
                                      delta_obj=delta)
-            out[a, b] = last_mse(run(AffPCL(), system, cfg.steps, cfg.alpha, seeds.numpy(f"fig5/{n}/{delta}/affpcl"))[0])
+            errs = run(AffPCL(), system, cfg.steps, cfg.alpha, seeds.numpy(f"fig5/{n}/{delta}/affpcl"))[0]
+            out[a, b] = last_mse(errs)
     return out
 
 

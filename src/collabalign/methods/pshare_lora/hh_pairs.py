@@ -19,9 +19,9 @@ from pathlib import Path
 
 import numpy as np
 
+from collabalign.data.annotator_pools import last_human_turn, reply_attributes
 from collabalign.data.attribute_labelers import AttributePairs, standardise
 from collabalign.data.hh_rlhf import load_hh_rlhf
-from collabalign.data.annotator_pools import last_human_turn, reply_attributes
 from collabalign.seeding import Seeds
 
 HH_ATTRIBUTES = ("harmless", "length", "apology", "questions", "second_person")
