@@ -11,6 +11,10 @@ import numpy as np
 from collabalign.claims import Claim
 
 Z90 = 1.6449  # two-sided 90% normal quantile: the paper's band is mean +- 1.64 std / sqrt(runs)
+# Errors are compared by per-run ratios (log scale, lower is better). "Matches", "never worse" and "best or tied" are
+# one-sided with margin 0.5, i.e. at most a factor 1.5 worse: the upper end of the old declared match band [2/3, 1.5].
+LOWER = {"scale": "ratio", "lower_is_better": True}
+MATCH = {"margin": 0.5, **LOWER}
 
 
 def last_mse(err: np.ndarray, window: int = 10) -> np.ndarray:

@@ -119,11 +119,11 @@ class RewardTask:
         self.users, self.variant, self.batch, self.ridge, self.coe_alpha = users, variant, batch, ridge, coe_alpha
         self.runs, self.n, self.d = users.runs, users.n, users.d
 
-    def residual(self, z: np.ndarray, w: np.ndarray, s: Preferences) -> np.ndarray:
+    def residual(self, w: np.ndarray, s: Preferences) -> np.ndarray:
         """Per-sample scalar residual e with g(w; s) = e z, (R, n, B); w is (R, n, d) or a common (R, d)."""
         if w.ndim == 2:
             w = w[:, None]
-        pred = np.einsum("rnbd,rnd->rnb", z, w)
+        pred = np.einsum("rnbd,rnd->rnb", s.z, w)
         if self.variant == "r1":
             return pred - s.margin
         if self.variant == "r2":
@@ -150,7 +150,7 @@ class RewardTask:
 
     def grad(self, x: np.ndarray, batch: Preferences) -> np.ndarray:
         """Minibatch-mean local direction g(w) + ridge w per annotator, (R, n, d)."""
-        g = np.einsum("rnb,rnbd->rnd", self.residual(batch.z, x, batch), batch.z) / batch.z.shape[2]
+        g = np.einsum("rnb,rnbd->rnd", self.residual(x, batch), batch.z) / batch.z.shape[2]
         return g + self.ridge * (x if x.ndim == 3 else x[:, None])
 
     def error(self, models: np.ndarray) -> np.ndarray:
@@ -203,7 +203,7 @@ class RewardTask:
     def _central_residual(self, xc: np.ndarray, est: RewardCentral, batch: Preferences) -> np.ndarray:
         """The central model's per-sample residual, (R, n, B)."""
         if self.variant != "r1":
-            return self.residual(batch.z, xc, batch)
+            return self.residual(xc, batch)
         return np.einsum("rnbd,rd->rnb", batch.z, xc) - np.einsum("rnbk,rk->rnb", batch.a, est.theta)
 
 
