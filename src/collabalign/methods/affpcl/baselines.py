@@ -25,7 +25,7 @@ def _fedavg_step(problem: Problem, xc: np.ndarray, batch: Any, a: np.ndarray) ->
 class IL:
     """Independent learning: x^i <- x^i - a g^i(x^i)."""
 
-    def start(self, problem: Problem, steps: int, rng) -> np.ndarray:
+    def start(self, problem: Problem, steps: int, rng: np.random.Generator | None) -> np.ndarray:
         return np.zeros((problem.runs, problem.n, problem.d))
 
     def step(self, problem: Problem, x: np.ndarray, batch: Any, a: np.ndarray, t: int) -> np.ndarray:
@@ -39,7 +39,7 @@ class IL:
 class FedAvg:
     """FedAvg with one local step per round: every agent uses the common x^c."""
 
-    def start(self, problem: Problem, steps: int, rng) -> np.ndarray:
+    def start(self, problem: Problem, steps: int, rng: np.random.Generator | None) -> np.ndarray:
         return np.zeros((problem.runs, problem.d))
 
     def step(self, problem: Problem, xc: np.ndarray, batch: Any, a: np.ndarray, t: int) -> np.ndarray:
@@ -55,7 +55,7 @@ class FineTune:
 
     pretrain_ratio: float = 0.5
 
-    def start(self, problem: Problem, steps: int, rng) -> tuple:
+    def start(self, problem: Problem, steps: int, rng: np.random.Generator | None) -> tuple:
         return np.zeros((problem.runs, problem.d)), None, int(self.pretrain_ratio * steps)
 
     def step(self, problem: Problem, state: tuple, batch: Any, a: np.ndarray, t: int) -> tuple:
@@ -78,7 +78,7 @@ class PFedMe:
 
     reg: float = 15.0
 
-    def start(self, problem: Problem, steps: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    def start(self, problem: Problem, steps: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros((problem.runs, problem.n, problem.d)), np.zeros((problem.runs, problem.d))
 
     def step(self, problem: Problem, state: tuple, batch: Any, a: np.ndarray, t: int) -> tuple:
@@ -96,7 +96,7 @@ class Ditto:
 
     reg: float = 15.0
 
-    def start(self, problem: Problem, steps: int, rng) -> tuple[np.ndarray, np.ndarray]:
+    def start(self, problem: Problem, steps: int, rng: np.random.Generator | None) -> tuple[np.ndarray, np.ndarray]:
         return np.zeros((problem.runs, problem.n, problem.d)), np.zeros((problem.runs, problem.d))
 
     def step(self, problem: Problem, state: tuple, batch: Any, a: np.ndarray, t: int) -> tuple:
