@@ -16,7 +16,8 @@ Params = dict[str, np.ndarray]
 
 
 class LocalTrainer(Protocol):
-    """Trains and evaluates one model from a parameter dict; holds no state between calls."""
+    """Trains and evaluates one model from a parameter dict; holds no state between calls. It may also offer
+    `train_many(params_list, data_list, rngs)`, `train` for many clients in one computation, which FedAvg then uses."""
 
     def initial_params(self, seeds: Seeds) -> Params: ...
 
@@ -51,6 +52,17 @@ class FedAvg:
     def client_update(self, message: Message, client: ClientContext) -> Message:
         params, n = self.trainer.train(dict(message), client.data, client.torch_rng)
         return Message(params, {"n": n})
+
+    def client_update_many(self, messages: dict[str, Message], clients: dict[str, ClientContext]) -> dict[str, Message]:
+        """Every sampled client at once when the trainer trains many clients in one computation (`train_many`),
+        else one after the other, as the simulator would."""
+        train_many = getattr(self.trainer, "train_many", None)
+        if train_many is None:
+            return {cid: self.client_update(m, clients[cid]) for cid, m in messages.items()}
+        ids = list(messages)
+        trained = train_many([dict(messages[cid]) for cid in ids], [clients[cid].data for cid in ids],
+                             [clients[cid].torch_rng for cid in ids])
+        return {cid: Message(params, {"n": n}) for cid, (params, n) in zip(ids, trained, strict=True)}
 
     def aggregate(self, state: Params, replies: dict[str, Message], round_: int) -> Params:
         ordered = [replies[cid] for cid in sorted(replies)]

@@ -1,26 +1,27 @@
-"""P-ShareLoRA reproduction, text part (spec §8.4): personalised MiniLM reward models for 5 simulated labelers who
-weigh measurable attributes of the texts (w_i = M c_i), on the offline TL;DR-like generator and on real HH-RLHF
-replies; every method over seeds, mean ± std per labeler, the paper's ordering as claims, a Fig. 2-like plot."""
+"""The text part (spec §8.4): personalised MiniLM reward models for simulated labelers who weigh measurable
+attributes of the texts (w_i = M c_i), on the offline TL;DR-like generator and on real HH-RLHF replies, or the real
+Reddit TL;DR labelers; every method over seeds, mean ± std per labeler, the paper's ordering as claims per source
+(`ordering.py`), a Fig. 2-like plot."""
 
 from __future__ import annotations
 
 import sys
 import time
 from collections import defaultdict
-from typing import Literal
 
 import numpy as np
 import torch
 
-from collabalign.config import Strict
 from collabalign.data.attribute_labelers import AttributePairs, calibrate_beta, describe, draw_labels, labeler_weights
+from collabalign.data.hh_pairs import hh_pairs, hh_texts
 from collabalign.data.paths import shared_data_dir
 from collabalign.data.tldr import load_tldr_users, tldr_texts
 from collabalign.data.tldr_like import generate
-from collabalign.experiments.pshare_lora_claims import ordering_claims
-from collabalign.methods.pshare_lora import LABELS, METHODS, Prefs
-from collabalign.methods.pshare_lora.hh_pairs import hh_pairs, hh_texts
-from collabalign.methods.pshare_lora.text import TextTraining, encode, fit
+from collabalign.experiments.pshare_lora.config import Config, TextConfig
+from collabalign.experiments.pshare_lora.ordering import ordering_claims
+from collabalign.experiments.pshare_lora.plots import labeler_bars
+from collabalign.methods.pshare_lora import LABELS, Prefs
+from collabalign.methods.pshare_lora.text import encode, fit
 from collabalign.methods.pshare_lora.train import per_user_mean
 from collabalign.models.backbones import Backbone, load_backbone
 from collabalign.models.cached import TextCache
@@ -28,45 +29,8 @@ from collabalign.models.reward import pair_correct
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
-Source = Literal["tldr_like", "hh", "tldr"]
 SOURCE_NAMES = {"tldr_like": "TL;DR-like", "hh": "HH-RLHF", "tldr": "Reddit TL;DR"}
 HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
-
-
-class TextConfig(Strict):
-    run: bool = False
-    sources: list[Source] = ["tldr_like", "hh"]  # "tldr": the real comparisons with their top labelers (spec §5)
-    data_root: str | None = None  # tldr: a folder with {train,validation}.jsonl[.gz] in the hub schema; None: the hub
-    seeds: list[int] | None = None  # None: the experiment's seeds (text runs cost far more than synthetic ones)
-    backbone: str = "minilm-l6"
-    users: int = 5
-    n_train: int = 300  # pairs per labeler (tldr: a cap; 0 = every balanced pair, 5,373 in the paper)
-    n_test: int = 300  # (tldr: 0 = 1,238 validation pairs per labeler)
-    rho: float = 0.6  # agreement of the labelers' attribute weights
-    tail: float = 0.0  # eta: individual deviations of the weights
-    oracle_accuracy: float = 0.77  # beta is calibrated to this expected agreement with the labeler's own reward
-    hh_pool: int = 0  # HH pairs used (the file's first ones); 0: all 2,312
-    max_length: int = 96
-    truncation_side: Literal["left", "right"] = "left"  # left keeps the summary of a long post (the paper: right, 2048)
-    lora_blocks: int = 2  # the top blocks with LoRA; the ones below are cached (>= every block: no cache)
-    targets: list[str] = ["query", "key"]  # the paper's Q/K (q_proj / k_proj on Llama)
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16"] = "float32"  # the backbone's; LoRA factors and heads stay float32
-    gradient_checkpointing: bool = False
-    micro_batch: int = 0  # pairs per forward / backward inside a batch (0: the whole batch)
-    rank: int = 8
-    alpha: float = 4.0
-    dropout: float = 0.05
-    batch_size: int = 32
-    epochs: float = 3.0
-    lr: float = 3e-3  # tuned once on LoRA-global (probe: 3e-4 .497, 1e-3 .563, 3e-3 .647, 1e-2 .643), for all
-    linear_schedule: bool = True
-    methods: list[str] = [m for m in METHODS if m != "full"]
-
-    def training(self) -> TextTraining:
-        return TextTraining(self.rank, self.alpha, self.dropout, self.batch_size, self.epochs, self.lr,
-                            self.linear_schedule, device=self.device, targets=tuple(self.targets),
-                            micro_batch=self.micro_batch, checkpointing=self.gradient_checkpointing)
 
 
 def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> tuple[Prefs, Prefs, dict]:
@@ -84,12 +48,11 @@ def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> 
     return prefs[train], prefs[test], info
 
 
-def text_part(cfg: TextConfig, seeds: list[int], run_dir: RunDir, progress: bool,
-              backbone: Backbone | None = None) -> Part:
-    """Every method on every source and seed; claims per source, the per-labeler table and plot, and notes."""
+def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbone | None = None) -> Part:
+    """Every method on every source and text seed; claims per source, the per-labeler table and plot, and notes."""
+    cfg, seeds = config.text, config.text_seeds()
     backbone = backbone or load_backbone(cfg.backbone)
     backbone.model.to(getattr(torch, cfg.dtype))
-    seeds = cfg.seeds if cfg.seeds is not None else seeds
     part = Part()
     for source in cfg.sources:
         acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
@@ -153,10 +116,9 @@ def source_data(source: str, cfg: TextConfig, seed: int, backbone: Backbone,
 
 
 def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: TextConfig, run_dir: RunDir) -> None:
-    """Claims (prefixed with the source), metrics, the table and the per-labeler plot of one source."""
+    """Claims (named with the source), metrics, the table and the per-labeler plot of one source."""
     name = SOURCE_NAMES[source]
-    for c in ordering_claims(acc):
-        part.claims.append({**c, "name": f"{name}: {c['name'].replace('; true here by construction', '')}"})
+    part.claims += ordering_claims({m: v["accuracy"] for m, v in acc.items()}, source=name)
     part.metrics[f"text_{source}"] = {LABELS[m]: round(float(np.mean(v["accuracy"])), 4) for m, v in acc.items()}
     if oracle.size:
         part.metrics[f"text_{source}"]["oracle"] = round(float(oracle.mean()), 4)
@@ -170,7 +132,7 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
                       f"{' linear to 0' if cfg.linear_schedule else ''}, batch {cfg.batch_size}, {cfg.epochs} epochs' "
                       "steps for every method (G: 2/3 global then lr/3; WU: 0.1 global; Share Rep: global phase, "
                       "then per-user LoRA on the top 30% of the 6 blocks at lr/3, per-user heads throughout).")
-    bar_plot(run_dir, source, acc, cfg.methods, oracle)
+    labeler_bars(run_dir, source, name, acc, cfg.methods, oracle)
 
 
 def table(name: str, acc: dict, methods: list[str], oracle: np.ndarray) -> str:
@@ -189,31 +151,3 @@ def table(name: str, acc: dict, methods: list[str], oracle: np.ndarray) -> str:
         lines.append(f"| oracle | {cell(oracle.mean(1))} | " + " | ".join(cell(oracle[:, i]) for i in range(n))
                      + " |")
     return "\n".join(lines)
-
-
-def bar_plot(run_dir: RunDir, source: str, acc: dict, methods: list[str], oracle: np.ndarray) -> None:
-    """Per-labeler accuracy bars, one colour per method (mean over seeds, std as error bars), like the paper's
-    Fig. 2; the oracle as a black tick per labeler."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    n = len(acc[methods[0]]["per_user"][0])
-    width = 0.8 / len(methods)
-    fig, ax = plt.subplots(figsize=(max(6, 1.4 * n), 4))
-    for k, m in enumerate(methods):
-        per_user = np.asarray(acc[m]["per_user"])
-        ax.bar(np.arange(n) + (k - (len(methods) - 1) / 2) * width, per_user.mean(0), width,
-               yerr=per_user.std(0), label=LABELS[m], capsize=2)
-    if oracle.size:
-        ax.scatter(np.arange(n), oracle.mean(0), marker="_", s=400, color="black", label="oracle", zorder=3)
-    ax.set_xticks(np.arange(n), [f"labeler {i}" for i in range(n)])
-    lowest = min(float(np.mean(acc[m]["per_user"], 0).min()) for m in methods)
-    ax.set_ylim(min(0.4, lowest - 0.05), 1.0)
-    ax.set_ylabel("held-out preference accuracy")
-    ax.set_title(f"{SOURCE_NAMES[source]}: accuracy per labeler")
-    ax.legend(fontsize=7, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.1))
-    fig.tight_layout()
-    fig.savefig(run_dir.path / "plots" / f"text_{source}_per_labeler.png", dpi=110)
-    plt.close(fig)

@@ -1,21 +1,21 @@
-"""P-ShareLoRA reproduction, pessimistic-policy part (spec §8.3; Alg. 1 steps 2–3, Thm 4.2 / Cor 4.1): every reward
-estimator is trained on skewed comparisons in an H = 1 bandit built on the §8.1 truth, then each user's pessimistic
-policy is solved for every confidence radius zeta and its value gap J(pi*_i; r*_i) - J(pi^_i; r*_i) measured."""
+"""The pessimistic-policy part (spec §8.3; Alg. 1 steps 2–3, Thm 4.2 / Cor 4.1): every reward estimator is trained
+on skewed comparisons in an H = 1 bandit built on the §8.1 truth, then each user's pessimistic policy is solved for
+every confidence radius zeta and its value gap J(pi*_i; r*_i) - J(pi^_i; r*_i) measured. Claims on the average gap
+over users, paired over seeds; every P-ShareLoRA variant is tested against every baseline (Holm), none picked."""
 
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
-from typing import Literal
+from dataclasses import replace
 
 import numpy as np
 import torch
-from pydantic import field_validator
 from torch import Tensor
 
-from collabalign.config import Strict
-from collabalign.experiments.pshare_lora_claims import paired
-from collabalign.fits import loglog_slope
+from collabalign.claims import Claim, not_run, slopes, superiority
+from collabalign.experiments.pshare_lora.config import BanditConfig, Config, Zeta
+from collabalign.experiments.pshare_lora.plots import bandit_plots
 from collabalign.methods.pshare_lora import LABELS, Prefs
 from collabalign.methods.pshare_lora.bandit import (
     Bandit,
@@ -35,33 +35,23 @@ from collabalign.methods.pshare_lora.synthetic import (
     fit_model,
     generate,
 )
-from collabalign.plotting import line_plot
-from collabalign.runs import Part, RunDir, claim
+from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
 OURS = ("pshare_si", "pshare_g")
 BASELINES = ("global", "local", "full", "share_rep", "share_a")
-Zeta = float | Literal["theory", "oracle"]
-
-
-class BanditConfig(Strict):
-    run: bool = False
-    prompts: int = 20  # S
-    candidates: int = 10  # K
-    coverage: float = 0.5  # fraction of each prompt's candidates that mu_0 = mu_1 cover
-    n_train: list[int] = [25, 50, 100, 200]  # N_p, comparisons per user (nested: the first N_p of one draw)
-    zetas: list[Zeta] = [0.0, 0.01, 0.1, "theory", "oracle"]  # "theory": `bandit.theory_zeta`; "oracle": ||D^-D*||^2
-    methods: list[str] = ["global", "local", "pshare_si", "pshare_g", "full"]
-    train: TrainConfig = TrainConfig(steps=600)  # the main run's recipe, fewer steps
-    iters: int = 200  # exponentiated-gradient iterations of the policy solver
-    step: float = 1.0  # its largest step, in reward units per prompt
-
-    @field_validator("zetas")
-    @classmethod
-    def _has_zero(cls, zetas: list[Zeta]) -> list[Zeta]:
-        if 0.0 not in zetas:
-            raise ValueError("zetas must include 0 (vanilla RLHF), the reference of every claim")
-        return zetas
+GAP = "average value gap over users at zeta = 0, paired over seeds"
+LOWEST_GAP = {m: superiority(
+    f"{LABELS[m]} has a lower value gap than every baseline", f"{GAP}: {LABELS[m]} below each baseline that ran, "
+    "Holm over the baselines; one claim per N_p (spec §8.3: P-ShareLoRA lowest at small N_p)", lower_is_better=True)
+    for m in OURS}
+PESSIMISM_HELPS = superiority(
+    "A confidence radius zeta > 0 lowers the value gap vs zeta = 0", "at the smallest N_p, the value gap averaged "
+    "over the estimators and users, paired over seeds; one claim per zeta > 0 (spec §8.3 / §7 item 4: when coverage "
+    "is poor)", lower_is_better=True)
+GAP_FALLS = {m: superiority(
+    f"{LABELS[m]}'s value gap falls with N_p (zeta = 0)", "log-log slope of the average gap against N_p fitted per "
+    "seed, below 0 (Thm 4.2 / Cor 4.1; the bound's rate -1/2 is an upper bound)", lower_is_better=True) for m in OURS}
 
 
 def zeta_label(z: Zeta) -> str:
@@ -147,24 +137,25 @@ def curves_of(records: list[dict]) -> Curves:
     return out
 
 
+def at(claim: Claim, suffix: str) -> Claim:
+    """The declared claim, its name completed with the setting it is decided at."""
+    return replace(claim, name=f"{claim.name} {suffix}")
+
+
 def estimator_claims(curves: Curves, n_train: list[int]) -> list[dict]:
-    """(a) At every N_p (the spec's claim is the smallest), the better P-ShareLoRA variant has a lower gap than the
-    best baseline at zeta = 0, paired over seeds; both picked by their mean gap at that N_p."""
-    ours = [m for m in OURS if m in curves]
+    """(a) At every N_p (the spec's claim is the smallest), each P-ShareLoRA variant against every baseline."""
     rivals = [m for m in BASELINES if m in curves]
-    if not ours or not rivals:
-        return []
     out = []
     for n in sorted(n_train):
-        gap = {m: curves[m]["0"][n] for m in ours + rivals}
-        best = min(ours, key=lambda m: np.mean(gap[m]))
-        rival = min(rivals, key=lambda m: np.mean(gap[m]))
-        verdict, measured = paired([-x for x in gap[best]], [-x for x in gap[rival]], strict=True)  # lower = better
-        out.append(claim(f"P-ShareLoRA has the lowest value gap at N_p = {n} (zeta = 0)", verdict,
-                         {"ours": LABELS[best], "gap": round(float(np.mean(gap[best])), 4),
-                          "best_baseline": LABELS[rival], "baseline_gap": round(float(np.mean(gap[rival])), 4),
-                          **measured},
-                         "spec §8.3 (at small N_p); mean_difference = baseline gap - ours, paired over seeds"))
+        for m in OURS:
+            claim = at(LOWEST_GAP[m], f"at N_p = {n} (zeta = 0)")
+            if m not in curves or not rivals:
+                absent = LABELS[m] if m not in curves else "any baseline"
+                out.append(not_run(claim, f"not in this run's methods: {absent}"))
+                continue
+            gap = {r: curves[r]["0"][n] for r in (m, *rivals)}
+            out.append(claim.decide_cells({LABELS[r]: (gap[m], gap[r]) for r in rivals},
+                                          mean_gap={LABELS[r]: np.mean(g) for r, g in gap.items()}))
     return out
 
 
@@ -173,29 +164,21 @@ def pessimism_claims(curves: Curves, n0: int, coverage: float) -> list[dict]:
     methods = sorted(curves)
     labels = [z for z in curves[methods[0]] if z != "0"]
     mean_gap = {z: np.mean([curves[m][z][n0] for m in methods], axis=0) for z in ["0", *labels]}
-    out = []
-    for z in labels:
-        verdict, measured = paired(list(-mean_gap[z]), list(-mean_gap["0"]), strict=True)  # lower gap = better
-        out.append(claim(f"zeta = {z} lowers the value gap vs zeta = 0 at N_p = {n0}, coverage {coverage:g}",
-                         verdict, {"gap": round(float(mean_gap[z].mean()), 4),
-                                   "gap_zeta0": round(float(mean_gap["0"].mean()), 4), **measured},
-                         "spec §8.3 / §7 item 4; mean over estimators; mean_difference = gap(0) - gap(zeta), "
-                         "paired over seeds"))
-    return out
+    return [at(PESSIMISM_HELPS, f"at zeta = {z}, N_p = {n0}").decide(
+        mean_gap[z], mean_gap["0"], coverage=coverage, gap=mean_gap[z].mean(), gap_zeta0=mean_gap["0"].mean())
+        for z in labels]
 
 
-def slope_claims(curves: Curves, n_train: list[int]) -> tuple[list[dict], dict[str, float]]:
-    """(c) The P-ShareLoRA gaps fall with N_p: per-seed log-log slopes at zeta = 0, negative over seeds."""
+def gap_slopes(curves: Curves, n_train: list[int]) -> dict[str, np.ndarray]:
+    """Per method, the log-log slope of the gap against N_p at zeta = 0, one per seed."""
     xs = sorted(n_train)
-    slopes = {m: [loglog_slope(xs, [max(c["0"][n][s], 1e-12) for n in xs])[0] for s in range(len(c["0"][xs[0]]))]
-              for m, c in curves.items()}
-    out = []
-    for m in (m for m in OURS if m in slopes and len(xs) > 1):
-        verdict, measured = paired([-s for s in slopes[m]], [0.0] * len(slopes[m]), strict=True)
-        out.append(claim(f"{LABELS[m]}'s value gap falls with N_p (zeta = 0)", verdict,
-                         {"slope": round(float(np.mean(slopes[m])), 3), **measured},
-                         "Thm 4.2 / Cor 4.1: log-log slope < 0 over seeds (the bound's rate is -1/2, an upper bound)"))
-    return out, {LABELS[m]: round(float(np.mean(s)), 3) for m, s in slopes.items()}
+    return {m: slopes(xs, np.maximum(np.array([c["0"][n] for n in xs]).T, 1e-12)) for m, c in curves.items()}
+
+
+def slope_claims(per_seed: dict[str, np.ndarray], n_train: list[int]) -> list[dict]:
+    """(c) The P-ShareLoRA gaps fall with N_p: per-seed log-log slopes at zeta = 0 below 0."""
+    return [GAP_FALLS[m].decide(per_seed[m], 0.0, n_train=sorted(n_train)) if m in per_seed and len(n_train) > 1
+            else not_run(GAP_FALLS[m], f"needs {LABELS[m]} at 2 N_p or more in this run") for m in OURS]
 
 
 def gap_table(curves: Curves, methods: list[str], n_train: list[int], ref: float) -> str:
@@ -211,27 +194,16 @@ def gap_table(curves: Curves, methods: list[str], n_train: list[int], ref: float
     return "\n".join(lines)
 
 
-def plot_gaps(run_dir: RunDir, curves: Curves) -> dict[str, str]:
-    """Gap vs N_p per estimator at zeta = 0 and at each estimator's best zeta (lowest mean gap); returns the latter."""
-    best = {m: min(c, key=lambda z: np.mean([np.mean(v) for v in c[z].values()])) for m, c in curves.items()}
-    for name, pick in (("zeta0", {m: "0" for m in curves}), ("best_zeta", best)):
-        series = {f"{LABELS[m]}" + (f", zeta {pick[m]}" if name == "best_zeta" else ""):
-                  (sorted(c[pick[m]]), [float(np.mean(c[pick[m]][n])) for n in sorted(c[pick[m]])])
-                  for m, c in curves.items()}
-        line_plot(run_dir.path / "plots" / f"bandit_gap_{name}.png", series, "pairs per user N_p", "value gap",
-                  f"pessimistic policy value gap ({name.replace('_', ' ')})", log_x=True)
-    return {LABELS[m]: z for m, z in best.items()}
-
-
 def mean_of(records: list[dict], key: str, **match: object) -> float:
     """Mean of `key` over the records whose fields equal `match`, rounded to 4 digits."""
     return round(float(np.mean([r[key] for r in records if all(r.get(k) == v for k, v in match.items())])), 4)
 
 
-def bandit_part(cfg: BanditConfig, problem: ProblemConfig, seeds: list[int], run_dir: RunDir, progress: bool) -> Part:
-    """Trains every estimator per (seed, N_p) on the bandit's comparisons, solves the pessimistic policies for every
-    zeta and returns the records, claims (a)–(c), the gap table and plots."""
-    return summarise(cfg, [r for seed in seeds for r in seed_records(cfg, problem, seed, progress)], run_dir)
+def bandit_part(cfg: Config, run_dir: RunDir, progress: bool) -> Part:
+    """Trains every estimator per (seed, N_p) on the bandit's comparisons (on the main problem's truth), solves the
+    pessimistic policies for every zeta and returns the records, claims (a)–(c), the gap table and plots."""
+    records = [r for seed in cfg.seeds for r in seed_records(cfg.bandit, cfg.problem, seed, progress)]
+    return summarise(cfg.bandit, records, run_dir)
 
 
 def summarise(cfg: BanditConfig, records: list[dict], run_dir: RunDir) -> Part:
@@ -239,15 +211,17 @@ def summarise(cfg: BanditConfig, records: list[dict], run_dir: RunDir) -> Part:
     records = [r for r in records if r["experiment"] in ("bandit", "bandit_reference")]
     curves = curves_of(records)
     refs = [r for r in records if r["experiment"] == "bandit_reference"]
+    per_seed = gap_slopes(curves, cfg.n_train) if len(cfg.n_train) > 1 else {}
     claims = estimator_claims(curves, cfg.n_train) + pessimism_claims(curves, min(cfg.n_train), cfg.coverage)
-    more, slopes = slope_claims(curves, cfg.n_train)
-    best = plot_gaps(run_dir, curves)
+    claims += slope_claims(per_seed, cfg.n_train)
+    best = bandit_plots(run_dir, curves)
     theory = {str(n): mean_of(records, "zeta_value", zeta="theory", n_train=n) for n in cfg.n_train
               if "theory" in cfg.zetas}
     ref_gap = mean_of(refs, "reference_gap")
     metrics = {"gap": {LABELS[m]: {z: {str(n): round(float(np.mean(v)), 4) for n, v in by_n.items()}
                                    for z, by_n in c.items()} for m, c in curves.items()},
-               "slope_zeta0": slopes, "best_zeta": best, "theory_zeta": theory, "reference_gap": ref_gap,
+               "slope_zeta0": {LABELS[m]: round(float(s.mean()), 3) for m, s in per_seed.items()},
+               "best_zeta": best, "theory_zeta": theory, "reference_gap": ref_gap,
                "optimum_uncovered": mean_of(refs, "optimum_uncovered")}
     notes = [gap_table(curves, cfg.methods, cfg.n_train, ref_gap),
              f"Bandit (spec §8.3): S = {cfg.prompts} prompts x K = {cfg.candidates} candidates, comparisons over "
@@ -256,4 +230,4 @@ def summarise(cfg: BanditConfig, records: list[dict], run_dir: RunDir) -> Part:
              f"steps per estimator, {cfg.iters} exponentiated-gradient iterations per policy. The confidence set is a "
              "Frobenius ball around Delta^_i (eq. 3.4): its penalty sqrt(zeta) ||M_pi||_F does not know which "
              "candidates the data cover, so zeta > 0 pulls the policy towards mu_ref on every prompt alike."]
-    return Part(claims=claims + more, records=records, metrics={"bandit": metrics}, notes=notes)
+    return Part(claims=claims, records=records, metrics={"bandit": metrics}, notes=notes)

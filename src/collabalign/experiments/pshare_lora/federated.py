@@ -1,28 +1,33 @@
 """Federated P-ShareLoRA (beyond the paper): users as clients of the Algorithm protocol on the §8.1 bilinear problem,
-against FedAvg-LoRA, LoRA-local and the centralised P-ShareLoRA (SI) / LoRA-global given the same number of gradient
-steps per user (rounds × H) on the same data; the simulator's ledger, and a byte-exact check of the upload."""
+against FedAvg-LoRA (the project's `FedAvg` over the same routed-LoRA trainer), LoRA-local and the centralised
+P-ShareLoRA (SI) / LoRA-global given the same number of gradient steps per user (rounds × H) on the same data; the
+simulator's ledger, and a byte-exact check of the upload."""
 
 from __future__ import annotations
 
 import sys
 from collections import defaultdict
+from dataclasses import replace
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
+from torch import nn
 
+from collabalign.claims import equivalence, exact, not_run, superiority
 from collabalign.comm import Message
-from collabalign.config import Strict
-from collabalign.experiments.pshare_lora_claims import paired, within_band
+from collabalign.experiments.pshare_lora.config import Config, FederatedConfig
+from collabalign.experiments.pshare_lora.plots import federated_plot
 from collabalign.federation import SimulationResult, simulate
 from collabalign.federation.simulator import sample_clients
 from collabalign.lora import lora_layers
+from collabalign.methods.fedavg import FedAvg
 from collabalign.methods.pshare_lora.federated import (
-    FedAvgLoRA,
-    FederatedLoRA,
     FederatedPShareLoRA,
     LocalLoRA,
     LocalSteps,
+    PersonalLoRA,
+    RoutedLoRA,
     personal_bytes,
     user_data,
 )
@@ -36,8 +41,7 @@ from collabalign.methods.pshare_lora.synthetic import (
     model_for,
 )
 from collabalign.methods.pshare_lora.train import Prefs
-from collabalign.plotting import line_plot
-from collabalign.runs import Part, RunDir, claim
+from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
 FEDERATED = ("fed_pshare_si", "fed_pshare_wu", "fed_pshare_g", "fedavg_lora", "fed_local")
@@ -49,39 +53,34 @@ LABELS = {"fed_pshare_si": "federated P-ShareLoRA (SI)", "fed_pshare_wu": "feder
 COLUMNS = ("accuracy", "param_error", "subspace_dist", "up_bytes_per_round", "down_bytes_per_round",
            "personal_bytes_on_clients")
 
-
-class FederatedConfig(Strict):
-    run: bool = False
-    rounds: int = 150
-    local_steps: int = 10  # H; the centralised methods get rounds * H full steps, the same per user
-    lr: float = 0.02
-    optimizer: Literal["adam", "sgd"] = "adam"  # local optimiser, fresh each round (the centralised runs use Adam)
-    batch_size: int = 0  # per client; 0: full batch. Centralised runs use batch_size * users mixed-user batches
-    fraction: float = 1.0  # clients sampled per round
-    norm_projection: bool = True  # as the centralised runs: ||Delta Theta_i||_F <= norm_slack * max_i ||Delta*_i||
-    norm_slack: float = 1.1
-    global_fraction: float = 2 / 3  # G: rounds of FedAvg-LoRA first, then personal at lr / 3
-    warmup_fraction: float = 0.1  # WU: rounds of FedAvg-LoRA first
-    methods: list[str] = ["fed_pshare_si", "fed_pshare_wu", "fedavg_lora", "fed_local", "central_pshare_si",
-                          "central_global"]
-    equivalence_band: float = 0.01  # fixed before running: federated vs centralised SI within ±1 accuracy point
-    eval_every: int = 10
+BEATS_FEDAVG = superiority("federated P-ShareLoRA (SI) > FedAvg-LoRA", "held-out accuracy (fraction), paired over "
+                           "seeds: federated SI above FedAvg-LoRA")
+MATCHES_CENTRAL = equivalence(
+    "federated P-ShareLoRA (SI) matches centralised P-ShareLoRA (SI)", "held-out accuracy (fraction), paired over "
+    "seeds: federated SI within ±federated.equivalence_band (0.01 = 1 point, fixed before the first run) of "
+    "centralised SI with the same steps per user, two-sided", margin=FederatedConfig().equivalence_band)
+UPLOAD_IS_B = exact(
+    "the upload per round is exactly the shared B factors' bytes", "runs with any personal-phase round whose ledger "
+    "upload differs from the sum over sampled clients of the wire size of a Message holding every layer's B and the "
+    "sample count (built from shapes): none")
 
 
-def build(method: str, cfg: FederatedConfig, p: ProblemConfig, truth: Truth, max_norm: float | None) -> FederatedLoRA:
+def build(method: str, cfg: FederatedConfig, p: ProblemConfig, truth: Truth, clients: dict[str, Any],
+          max_norm: float | None) -> FedAvg | PersonalLoRA:
     """The federated algorithm `method` on the bilinear model of `truth`."""
-    model_fn = partial(model_for, truth, p.k, p.depth)
-    local = LocalSteps(cfg.local_steps, cfg.lr, cfg.optimizer, cfg.batch_size)
+    trainer = RoutedLoRA(partial(model_for, truth, p.k, p.depth),
+                         LocalSteps(cfg.local_steps, cfg.lr, cfg.optimizer, cfg.batch_size), max_norm,
+                         [c["test"] for c in clients.values()])
     if method == "fed_pshare_si":
-        return FederatedPShareLoRA(model_fn, local, max_norm=max_norm)
+        return FederatedPShareLoRA(trainer)
     if method == "fed_pshare_wu":
-        return FederatedPShareLoRA(model_fn, local, round(cfg.warmup_fraction * cfg.rounds), max_norm=max_norm)
+        return FederatedPShareLoRA(trainer, round(cfg.warmup_fraction * cfg.rounds))
     if method == "fed_pshare_g":
-        return FederatedPShareLoRA(model_fn, local, round(cfg.global_fraction * cfg.rounds), cfg.lr / 3, max_norm)
+        return FederatedPShareLoRA(trainer, round(cfg.global_fraction * cfg.rounds), cfg.lr / 3)
     if method == "fedavg_lora":
-        return FedAvgLoRA(model_fn, local, max_norm)
+        return FedAvg(trainer)
     if method == "fed_local":
-        return LocalLoRA(model_fn, local, max_norm)
+        return LocalLoRA(trainer)
     raise ValueError(f"unknown federated method {method!r}; known: {', '.join((*FEDERATED, *CENTRAL))}")
 
 
@@ -98,27 +97,36 @@ def expected_upload(truth: Truth, cfg: FederatedConfig, p: ProblemConfig, seed: 
             for r in range(personal_from, cfg.rounds + 1)}
 
 
+def final_model(algorithm: FedAvg | PersonalLoRA, result: SimulationResult, rounds: int) -> nn.Module:
+    """The centralised-shaped model after the run: FedAvg's one model, or every user's own stacked by user."""
+    if isinstance(algorithm, FedAvg):
+        return algorithm.trainer.assemble(result.state)
+    return algorithm.assemble(result.state, result.clients, rounds)
+
+
 def run_federated(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int,
                   problem: tuple[Truth, Prefs, Prefs], max_norm: float | None,
-                  progress: bool) -> tuple[dict, SimulationResult, FederatedLoRA]:
+                  progress: bool) -> tuple[dict, SimulationResult]:
     """Simulates `method` and measures it with the centralised metrics on a centralised-shaped model."""
     truth, data, test = problem
-    algorithm = build(method, cfg, p, truth, max_norm)
     clients = user_data(data, test, p.users)
+    algorithm = build(method, cfg, p, truth, clients, max_norm)
     result = simulate(algorithm, clients, cfg.rounds, seed, cfg.fraction, cfg.eval_every, progress=progress,
                       label=f"{method} seed {seed}")
-    res = evaluate(algorithm.assemble(result.state, result.clients, cfg.rounds), truth, test)
+    res = evaluate(final_model(algorithm, result, cfg.rounds), truth, test)
     per_round = result.ledger.per_round()
+    shared = algorithm.shared if isinstance(algorithm, PersonalLoRA) else list(algorithm.trainer.kinds)
+    params = result.state["params"] if isinstance(algorithm, PersonalLoRA) else result.state
     res.update({"up_bytes_total": result.ledger.total("up"), "down_bytes_total": result.ledger.total("down"),
                 "up_bytes_per_round": float(np.mean([b["up"] for b in per_round.values()])),
                 "down_bytes_per_round": float(np.mean([b["down"] for b in per_round.values()])),
                 "personal_bytes_on_clients": personal_bytes(result.clients),
-                "upload_array_bytes": sum(result.state["params"][n].nbytes for n in algorithm.shared),
+                "upload_array_bytes": sum(params[n].nbytes for n in shared),
                 "accuracy_by_round": {m["round"]: round(m["accuracy"], 4) for m in result.metrics}})
-    if method.startswith("fed_pshare"):
+    if isinstance(algorithm, FederatedPShareLoRA):
         want = expected_upload(truth, cfg, p, seed, clients, algorithm.global_rounds + 1)
         res["upload_byte_exact"] = all(per_round[r]["up"] == b for r, b in want.items())
-    return res, result, algorithm
+    return res, result
 
 
 def run_central(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int,
@@ -134,28 +142,23 @@ def run_central(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int,
 
 
 def claims_for(acc: dict[str, dict[str, list]], cfg: FederatedConfig) -> list[dict]:
-    """Federated SI > FedAvg-LoRA; federated SI within the band of centralised SI; upload = the B factors' bytes."""
+    """Federated SI > FedAvg-LoRA; federated SI equivalent to centralised SI; upload = the B factors' bytes."""
     a = {m: v["accuracy"] for m, v in acc.items()}
     out = []
-    if "fed_pshare_si" in a and "fedavg_lora" in a:
-        verdict, measured = paired(a["fed_pshare_si"], a["fedavg_lora"], True)
-        out.append(claim("federated P-ShareLoRA (SI) > FedAvg-LoRA", verdict, measured,
-                         "held-out accuracy, paired over seeds (mean difference > 2 standard errors)"))
-    if "fed_pshare_si" in a and "central_pshare_si" in a:
-        verdict, measured = within_band(a["fed_pshare_si"], a["central_pshare_si"], cfg.equivalence_band)
-        out.append(claim("federated P-ShareLoRA (SI) matches centralised P-ShareLoRA (SI)", verdict, measured,
-                         f"held-out accuracy, paired over seeds: mean difference ± 2 SE within ±{cfg.equivalence_band}"
-                         f" (band fixed before running); same steps per user ({cfg.rounds} x {cfg.local_steps})"))
-    exact = {m: v["upload_byte_exact"] for m, v in acc.items() if "upload_byte_exact" in v}
-    if exact:
-        ok = all(all(v) for v in exact.values())
-        out.append(claim("the upload per round is exactly the shared B factors' bytes", "reproduced" if ok else
-                         "not reproduced", {"byte_exact_runs": {LABELS[m]: f"{sum(v)}/{len(v)}" for m, v in
-                                                                 exact.items()},
-                                            "upload_array_bytes": acc[next(iter(exact))]["upload_array_bytes"][0]},
-                         "every personal-phase round: ledger upload = sum over sampled clients of the wire size of "
-                         "a Message holding every layer's B and the sample count (built from shapes)"))
-    return out
+    for c, other in ((BEATS_FEDAVG, "fedavg_lora"), (replace(MATCHES_CENTRAL, margin=cfg.equivalence_band),
+                                                     "central_pshare_si")):
+        if "fed_pshare_si" in a and other in a:
+            means = {LABELS[m]: np.mean(a[m]) for m in ("fed_pshare_si", other)}
+            out.append(c.decide(a["fed_pshare_si"], a[other], mean_accuracy=means))
+        else:
+            out.append(not_run(c, f"needs {LABELS['fed_pshare_si']} and {LABELS[other]} in the methods"))
+    runs = {m: v["upload_byte_exact"] for m, v in acc.items() if "upload_byte_exact" in v}
+    if not runs:
+        return [*out, not_run(UPLOAD_IS_B, "no federated P-ShareLoRA run")]
+    wrong = sum(not ok for v in runs.values() for ok in v)
+    return [*out, UPLOAD_IS_B.decide(wrong, 0, byte_exact_runs={LABELS[m]: f"{sum(v)}/{len(v)}" for m, v in
+                                                                 runs.items()},
+                                     upload_array_bytes=acc[next(iter(runs))]["upload_array_bytes"][0])]
 
 
 def table(acc: dict[str, dict[str, list]], methods: list[str]) -> str:
@@ -168,8 +171,10 @@ def table(acc: dict[str, dict[str, list]], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
-def federated_part(cfg: FederatedConfig, p: ProblemConfig, seeds: list[int], run_dir: RunDir, progress: bool) -> Part:
-    """Every method on the same data per seed: records, claims, table, the first seed's ledgers and an accuracy plot."""
+def federated_part(config: Config, run_dir: RunDir, progress: bool) -> Part:
+    """Every method on the main problem's data per seed: records, claims, table, the first seed's ledgers and an
+    accuracy plot."""
+    cfg, p, seeds = config.federated, config.problem, config.seeds
     unknown = [m for m in cfg.methods if m not in FEDERATED and m not in CENTRAL]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; known: {', '.join((*FEDERATED, *CENTRAL))}")
@@ -183,7 +188,7 @@ def federated_part(cfg: FederatedConfig, p: ProblemConfig, seeds: list[int], run
             if method in CENTRAL:
                 res = run_central(CENTRAL[method], cfg, p, seed, problem)
             else:
-                res, result, _ = run_federated(method, cfg, p, seed, problem, max_norm, progress)
+                res, result = run_federated(method, cfg, p, seed, problem, max_norm, progress)
                 if seed == seeds[0]:
                     ledgers[method] = result.ledger
             records.append({"experiment": "federated", "method": method, "seed": seed, **res})
@@ -192,7 +197,7 @@ def federated_part(cfg: FederatedConfig, p: ProblemConfig, seeds: list[int], run
             if progress:
                 print(f"federated {method} seed {seed}: accuracy {res['accuracy']:.4f}", file=sys.stderr)
     run_dir.write_ledgers(ledgers)
-    plot(run_dir, acc, cfg)
+    federated_plot(run_dir, acc, LABELS, cfg.rounds)
     metrics = {LABELS[m]: {c: round(float(np.mean(acc[m][c])), 4) for c in (*COLUMNS, "up_bytes_total",
                                                                           "down_bytes_total")} for m in cfg.methods}
     return Part(claims_for(acc, cfg), records, {"federated": metrics}, notes(acc, cfg, p))
@@ -210,16 +215,3 @@ def notes(acc: dict[str, dict[str, list]], cfg: FederatedConfig, p: ProblemConfi
             "together; personal_bytes_on_clients: the private factors that never left the clients at the end. For "
             "the centralised rows up_bytes_total is the one-off upload of the raw pairs (float32 features) that "
             "pooling the data would need."]
-
-
-def plot(run_dir: RunDir, acc: dict[str, dict[str, list]], cfg: FederatedConfig) -> None:
-    """Held-out accuracy by round (mean over seeds); centralised methods as flat lines at their final accuracy."""
-    series = {}
-    for m, v in acc.items():
-        if "accuracy_by_round" in v:
-            rounds = sorted(v["accuracy_by_round"][0])
-            series[LABELS[m]] = (rounds, [float(np.mean([run[r] for run in v["accuracy_by_round"]])) for r in rounds])
-        else:
-            series[LABELS[m]] = ([0, cfg.rounds], [float(np.mean(v["accuracy"]))] * 2)
-    line_plot(run_dir.path / "plots" / "federated_accuracy.png", series, "round", "held-out accuracy",
-              "federated P-ShareLoRA vs baselines")

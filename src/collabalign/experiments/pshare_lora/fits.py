@@ -1,0 +1,45 @@
+"""Every synthetic fit of the main comparison and the §8.2 sweeps, each distinct (problem, method, seed) once, on
+worker processes (each fit is seeded on its own, so the results do not depend on the number of workers)."""
+
+from __future__ import annotations
+
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from multiprocessing import get_context
+
+from collabalign.experiments.pshare_lora.config import Config
+from collabalign.experiments.pshare_lora.sweeps import problems
+from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig, evaluate, fit_model, generate
+from collabalign.seeding import Seeds
+
+Fits = dict[tuple[str, str, int], dict]  # (problem JSON, method, seed) -> held-out metrics
+
+
+def fit(problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict:
+    """Trains `method` on the problem drawn from `seed` and returns its held-out metrics."""
+    truth, data, test = generate(problem, seed)
+    net, losses = fit_model(truth, data, problem, tc, method, Seeds(seed).torch(f"train-{method}"))
+    return {**evaluate(net, truth, test), "train_loss": round(losses[-1], 6), **truth.diversity(problem.k)}
+
+
+def jobs(cfg: Config) -> list[tuple[ProblemConfig, str, int]]:
+    """The main comparison's fits, then every sweep point's."""
+    points = [p for pts in problems(cfg.sweep, cfg.problem).values() for _, p in pts]
+    out = [(cfg.problem, m, s) for m in cfg.methods for s in cfg.seeds]
+    return out + [(p, m, s) for p in points for m in cfg.sweep.methods for s in cfg.sweep_seeds()]
+
+
+def run_fits(cfg: Config, progress: bool) -> Fits:
+    """Every distinct fit of `jobs(cfg)` once, in order, on `cfg.workers` processes."""
+    keys = list(dict.fromkeys((p.model_dump_json(), m, s) for p, m, s in jobs(cfg)))
+    args = [(ProblemConfig.model_validate_json(p), cfg.train, m, s) for p, m, s in keys]
+    results = {}
+    workers = ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) if cfg.workers > 1 else nullcontext()
+    with workers as pool:
+        done = (pool.map if pool else map)(fit, *zip(*args, strict=True))
+        for i, (key, res) in enumerate(zip(keys, done, strict=True)):
+            results[key] = res
+            if progress and ((i + 1) % 10 == 0 or i + 1 == len(keys)):
+                print(f"pshare-lora synthetic: {i + 1}/{len(keys)} fits", file=sys.stderr, flush=True)
+    return results
