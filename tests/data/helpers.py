@@ -1,4 +1,5 @@
-"""Shared helpers for the data tests: writing small fixture files (MNLI rows too) and the skip marker for real data."""
+"""Shared helpers for the data tests: writing small fixture files (MNLI rows, a small HH-RLHF file) and the skip
+marker for real data."""
 
 from __future__ import annotations
 
@@ -38,3 +39,15 @@ def mnli_row(i: int, premise: str, hypothesis: str, *labels: str) -> str:
     """One MNLI row: ids, genre, (stand-in) parses, the pair, then the annotators' labels and the gold label."""
     parses = [f"( {premise} )", f"( {hypothesis} )", "(ROOT)", "(ROOT)"]
     return "\t".join([str(i), f"{i}1", f"{i}1e", "fiction", *parses, premise, hypothesis, *labels]) + "\n"
+
+
+HH_ROWS = [{"chosen": f"\n\nHuman: Question {i}?\n\nAssistant: Sorry, I can't help you with {i}.",
+            "rejected": f"\n\nHuman: Question {i}?\n\nAssistant: Sure! Do you want more? " + "word " * (i % 5)}
+           for i in range(24)]
+HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"  # where the shared data folder holds HH-RLHF's harmless test pairs
+
+
+def write_hh(root: Path) -> Path:
+    """The 24 `HH_ROWS` as `root / HH_FILE` (the shared data folder's layout); returns that file."""
+    (root / "hh-rlhf").mkdir(parents=True, exist_ok=True)
+    return write(root / HH_FILE, jsonl(*HH_ROWS), gz=True)

@@ -51,6 +51,26 @@ def test_resume_after_checkpoint_equals_uninterrupted_run(tmp_path):
     np.testing.assert_array_equal(resumed.state["w"], full.state["w"])
 
 
+class ManyAtOnce(LeastSquares):
+    """The toy trainer with a `train_many` that counts its calls and trains one client after the other."""
+
+    calls = 0
+
+    def train_many(self, params, data, rngs):
+        self.calls += 1
+        return [self.train(p, d, g) for p, d, g in zip(params, data, rngs, strict=True)]
+
+
+def test_fedavg_trains_every_sampled_client_in_one_call_when_the_trainer_can():
+    trainer = ManyAtOnce()
+    many = simulate(FedAvg(trainer), trainer.client_data(6), rounds=4, seed=3, fraction=0.5, progress=False)
+    plain = LeastSquares()
+    one_by_one = simulate(FedAvg(plain), plain.client_data(6), rounds=4, seed=3, fraction=0.5, progress=False)
+    assert trainer.calls == 4  # one call per round, for the 3 sampled clients together
+    assert many.metrics == one_by_one.metrics and many.ledger.rows == one_by_one.ledger.rows
+    np.testing.assert_array_equal(many.state["w"], one_by_one.state["w"])
+
+
 def test_local_only_keeps_private_state_and_sends_nothing_after_round_one():
     trainer = LeastSquares()
     res = simulate(LocalOnly(trainer), trainer.client_data(4), rounds=3, seed=0, progress=False)

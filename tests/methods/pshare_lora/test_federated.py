@@ -1,8 +1,8 @@
 """Federated P-ShareLoRA: personal factors never leave the clients, private state persists, aggregation is a
-sample-weighted mean, one round equals one centralised SGD step on the pooled data, FedAvg-LoRA sends both factors,
-the hand-over of G / WU, determinism, and a toy federated part with its claims."""
+sample-weighted mean, one round equals one centralised SGD step on the pooled data, FedAvg-LoRA (the project's FedAvg
+over the routed-LoRA trainer) sends both factors and trains its clients in one computation, the hand-over of G / WU,
+determinism."""
 
-import json
 from functools import partial
 
 import numpy as np
@@ -10,21 +10,20 @@ import pytest
 import torch
 
 from collabalign.comm import Message
-from collabalign.experiments.pshare_lora_federated import FederatedConfig, federated_part
 from collabalign.federation import simulate
 from collabalign.federation.protocol import ClientContext
 from collabalign.lora import lora_layers
+from collabalign.methods.fedavg import FedAvg
 from collabalign.methods.pshare_lora import configure, pair_loss
 from collabalign.methods.pshare_lora.federated import (
-    FedAvgLoRA,
     FederatedPShareLoRA,
     LocalLoRA,
     LocalSteps,
+    RoutedLoRA,
     personal_bytes,
     user_data,
 )
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, evaluate, generate, model_for
-from collabalign.runs import RunDir
 from collabalign.seeding import Seeds
 
 SMALL = ProblemConfig(d1=6, d2=4, users=4, k=2, n_train=12, n_test=40, depth=2)
@@ -73,6 +72,14 @@ def setup(seed=0, problem=SMALL):
     return truth, user_data(train, test, problem.users), partial(model_for, truth, problem.k, problem.depth)
 
 
+def pshare(model_fn, *args, **kw):
+    return FederatedPShareLoRA(RoutedLoRA(model_fn, LocalSteps(*args)), **kw)
+
+
+def fedavg_lora(model_fn, data, *args):
+    return FedAvg(RoutedLoRA(model_fn, LocalSteps(*args), tests=[d["test"] for d in data.values()]))
+
+
 def run(algorithm, data, rounds=4, fraction=0.5, batched=True, seed=3):
     spy = Spy(algorithm, batched)
     return spy, simulate(spy, data, rounds, seed, fraction, progress=False)
@@ -85,7 +92,7 @@ def all_messages(spy):
 @pytest.mark.parametrize("batched", [True, False])
 def test_personal_factors_never_leave_the_clients(batched):
     truth, data, model_fn = setup()
-    spy, result = run(FederatedPShareLoRA(model_fn, LocalSteps(3, 0.05)), data, batched=batched)
+    spy, result = run(pshare(model_fn, 3, 0.05), data, batched=batched)
     personal = [a for states in spy.after for s in states.values() for a in s.values()]
     assert len(personal) > 0 and all(a.shape == A_SHAPE for a in personal)
     for msg in all_messages(spy):
@@ -103,7 +110,7 @@ def test_personal_factors_never_leave_the_clients(batched):
 
 def test_private_state_persists_across_rounds_and_changes():
     _, data, model_fn = setup()
-    spy, result = run(FederatedPShareLoRA(model_fn, LocalSteps(3, 0.05)), data, rounds=5, fraction=0.5)
+    spy, result = run(pshare(model_fn, 3, 0.05), data, rounds=5, fraction=0.5)
     last = {}
     for before, after in zip(spy.before, spy.after, strict=True):
         for cid in before:
@@ -120,7 +127,7 @@ def test_private_state_persists_across_rounds_and_changes():
 
 def test_aggregation_is_a_sample_weighted_mean():
     _, _, model_fn = setup()
-    algorithm = FederatedPShareLoRA(model_fn, LocalSteps())
+    algorithm = pshare(model_fn)
     state = algorithm.init(Seeds(0))
     rng = np.random.default_rng(0)
     counts = {"u0": 1, "u1": 3, "u2": 6}
@@ -144,7 +151,7 @@ def test_one_round_equals_a_centralised_sgd_step_on_the_pooled_data(batched):
     train = train[keep]
     data = user_data(train, train, problem.users)
     lr = 0.3
-    algorithm = FederatedPShareLoRA(partial(model_for, truth, 2), LocalSteps(1, lr, "sgd", 0))
+    algorithm = pshare(partial(model_for, truth, 2), 1, lr, "sgd", 0)
     state = algorithm.init(Seeds(0))
     g = torch.Generator().manual_seed(1)
     b0 = torch.randn(6, 2, generator=g)
@@ -176,11 +183,11 @@ def test_one_round_equals_a_centralised_sgd_step_on_the_pooled_data(batched):
 
 def test_fedavg_lora_sends_both_factors_and_local_sends_none():
     _, data, model_fn = setup()
-    spy, result = run(FedAvgLoRA(model_fn, LocalSteps(2, 0.05)), data, rounds=2)
+    spy, result = run(fedavg_lora(model_fn, data, 2, 0.05), data, rounds=2)
     names = {f"{n}.{f}" for n in lora_layers(model_fn()) for f in "AB"}
     assert all(set(m) == names for m in all_messages(spy))
     assert all(c.state == {} for c in result.clients.values())
-    spy, result = run(LocalLoRA(model_fn, LocalSteps(2, 0.05)), data, rounds=2)
+    spy, result = run(LocalLoRA(RoutedLoRA(model_fn, LocalSteps(2, 0.05))), data, rounds=2)
     assert all(len(m) == 0 for m in all_messages(spy))
     trained = [c.state for c in result.clients.values() if c.state]
     assert trained and all(set(s) == names for s in trained)
@@ -189,8 +196,7 @@ def test_fedavg_lora_sends_both_factors_and_local_sends_none():
 
 def test_warm_up_rounds_are_fedavg_then_the_global_a_is_handed_over_once():
     _, data, model_fn = setup()
-    spy, result = run(FederatedPShareLoRA(model_fn, LocalSteps(2, 0.05), global_rounds=2), data, rounds=4,
-                      fraction=1.0)
+    spy, result = run(pshare(model_fn, 2, 0.05, global_rounds=2), data, rounds=4, fraction=1.0)
     keys = [[sorted(m) for m in batch.values()] for batch in spy.down]
     up_keys = [[sorted(m) for m in batch.values()] for batch in spy.up]
     both, b_only = sorted(["f.0.A", "f.0.B", "f.1.A", "f.1.B"]), ["f.0.B", "f.1.B"]
@@ -204,9 +210,8 @@ def test_warm_up_rounds_are_fedavg_then_the_global_a_is_handed_over_once():
 
 def test_same_seed_identical_results_and_batched_equals_one_by_one():
     _, data, model_fn = setup()
-    runs = [simulate(FederatedPShareLoRA(model_fn, LocalSteps(3, 0.05, batch_size=5)), data, 3, 7, 0.75,
-                     progress=False) for _ in range(2)]
-    looped = run(FederatedPShareLoRA(model_fn, LocalSteps(3, 0.05, batch_size=5)), data, 3, 0.75, False, 7)[1]
+    runs = [simulate(pshare(model_fn, 3, 0.05, "adam", 5), data, 3, 7, 0.75, progress=False) for _ in range(2)]
+    looped = run(pshare(model_fn, 3, 0.05, "adam", 5), data, 3, 0.75, False, 7)[1]
     a, b = runs
     assert a.metrics == b.metrics and a.ledger.rows == b.ledger.rows == looped.ledger.rows
     for name in a.state["params"]:
@@ -218,42 +223,37 @@ def test_same_seed_identical_results_and_batched_equals_one_by_one():
             np.testing.assert_allclose(looped.clients[cid].state[name], value, atol=1e-5)
 
 
+def test_fedavg_lora_trains_its_clients_in_one_computation_like_one_by_one():
+    truth, data, model_fn = setup()
+    batched = simulate(fedavg_lora(model_fn, data, 3, 0.05, "adam", 5), data, 3, 7, 0.75, progress=False)
+    looped = run(fedavg_lora(model_fn, data, 3, 0.05, "adam", 5), data, 3, 0.75, False, 7)[1]
+    assert batched.ledger.rows == looped.ledger.rows
+    for name, value in batched.state.items():
+        np.testing.assert_allclose(looped.state[name], value, atol=1e-5)
+    assert batched.metrics[-1]["accuracy"] == pytest.approx(looped.metrics[-1]["accuracy"], abs=0.02)
+    trainer = RoutedLoRA(model_fn, LocalSteps(), tests=[d["test"] for d in data.values()])
+    central = evaluate(trainer.assemble(batched.state), truth, generate(SMALL, 0)[2])
+    assert trainer.evaluate(batched.state)["accuracy"] == pytest.approx(central["accuracy"], abs=1e-12)
+
+
+def test_the_trainer_keeps_nothing_between_calls():
+    _, data, model_fn = setup()
+    trainer = RoutedLoRA(model_fn, LocalSteps(3, 0.05))
+    start = trainer.initial_params(Seeds(0))
+    train = data["user000"]["train"]
+    first = trainer.fit(start, train, torch.Generator().manual_seed(0), 0.05)
+    trainer.fit(first, data["user001"]["train"], torch.Generator().manual_seed(1), 0.05)  # in between: another job
+    again = trainer.fit(start, train, torch.Generator().manual_seed(0), 0.05)
+    assert all(np.array_equal(first[n], again[n]) for n in first)
+
+
 def test_evaluate_equals_the_centralised_metrics_of_the_assembled_model():
     truth, data, model_fn = setup()
-    algorithm = FederatedPShareLoRA(model_fn, LocalSteps(3, 0.05))
+    algorithm = pshare(model_fn, 3, 0.05)
     result = simulate(algorithm, data, 3, 0, 0.5, progress=False)
     test = generate(SMALL, 0)[2]
     central = evaluate(algorithm.assemble(result.state, result.clients, 3), truth, test)
     assert result.metrics[-1]["accuracy"] == pytest.approx(central["accuracy"], abs=1e-12)
-
-
-@pytest.fixture(scope="module")
-def toy_part(tmp_path_factory):
-    problem = ProblemConfig(users=3, n_train=20, n_test=60)
-    cfg = FederatedConfig(rounds=6, local_steps=2, eval_every=3,
-                          methods=["fed_pshare_si", "fed_pshare_g", "fedavg_lora", "fed_local", "central_pshare_si",
-                                   "central_global"])
-    out = [tmp_path_factory.mktemp("fed") for _ in range(2)]
-    return out, [federated_part(cfg, problem, [0, 1], RunDir(path), progress=False) for path in out]
-
-
-def test_toy_federated_part_writes_its_claims(toy_part):
-    paths, (part, again) = toy_part
-    assert [c["name"] for c in part.claims] == ["federated P-ShareLoRA (SI) > FedAvg-LoRA",
-                                                "federated P-ShareLoRA (SI) matches centralised P-ShareLoRA (SI)",
-                                                "the upload per round is exactly the shared B factors' bytes"]
-    assert {c["verdict"] for c in part.claims[:2]} <= {"reproduced", "not reproduced", "inconclusive"}
-    assert part.claims[2]["verdict"] == "reproduced"
-    assert {(r["method"], r["seed"]) for r in part.records} == {(m, s) for m in ("fed_pshare_si", "fed_pshare_g",
-                                                                                 "fedavg_lora", "fed_local",
-                                                                                 "central_pshare_si",
-                                                                                 "central_global") for s in (0, 1)}
-    assert "| federated P-ShareLoRA (SI) | " in part.notes[0]
-    ledgers = RunDir(paths[0]).read_ledgers()
-    assert set(ledgers) == {"fed_pshare_si", "fed_pshare_g", "fedavg_lora", "fed_local"}
-    assert ledgers["fed_local"].total("up") < ledgers["fed_pshare_si"].total("up") < ledgers["fedavg_lora"].total("up")
-    assert (paths[0] / "plots" / "federated_accuracy.png").stat().st_size > 1000
-    assert json.dumps(part.records, sort_keys=True) == json.dumps(again.records, sort_keys=True)
 
 
 @pytest.mark.flower
@@ -263,7 +263,7 @@ def test_flower_runs_federated_pshare_like_the_simulator():
     from collabalign.federation.flower import run_flower_simulation
 
     _, data, model_fn = setup()
-    algorithm = FederatedPShareLoRA(model_fn, LocalSteps(3, 0.05))
+    algorithm = pshare(model_fn, 3, 0.05)
     sim = simulate(algorithm, data, 3, 11, 0.5, progress=False)
     flower = run_flower_simulation(algorithm, data, 3, 11, 0.5)
     assert flower.ledger.rows == sim.ledger.rows

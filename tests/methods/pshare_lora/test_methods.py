@@ -1,11 +1,10 @@
 """P-ShareLoRA methods: routed gradients equal a per-user reference, schedules hit their step counts, Share Rep
-freezes its bottom layers, the norm projection holds, and runs are deterministic."""
+freezes its bottom layers, the norm projection holds."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from collabalign.experiments.pshare_lora import TrainConfig, fit
 from collabalign.lora import lora_layers
 from collabalign.methods.pshare_lora import configure, pair_loss, prepare, project_, schedule, train, user_deltas
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, generate, model_for, true_reward
@@ -119,12 +118,6 @@ def test_micro_batches_accumulate_the_same_steps(batch_size):
     assert losses[0] == pytest.approx(losses[1], rel=1e-9)
     for k in states[0]:
         torch.testing.assert_close(states[0][k], states[1][k])
-
-
-def test_fit_is_deterministic_and_seed_dependent():
-    tc = TrainConfig(steps=15)
-    a, b = fit(SMALL, tc, "pshare_wu", 0), fit(SMALL, tc, "pshare_wu", 0)
-    assert a == b and fit(SMALL, tc, "pshare_wu", 1) != a
 
 
 def test_generator_knobs():

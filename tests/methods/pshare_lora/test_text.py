@@ -1,30 +1,22 @@
 """The P-ShareLoRA text reward model on a tiny random 6-block BERT: cached features are exact, per-user heads are
-per user and routed in one forward, Share Rep personalises only the top 30% of the blocks, HH pairs, and a toy
-text_part run (claims, table, plot, determinism)."""
+per user and routed in one forward, Share Rep personalises only the top 30% of the blocks, LoRA in every block runs
+without a cache, checkpointing and micro-batches train the same model."""
 
-import gzip
-import json
-
-import numpy as np
 import pytest
 import torch
-from transformers import AutoTokenizer, BertConfig, BertModel
 
 from collabalign.data.tldr_like import generate
-from collabalign.experiments.pshare_lora_text import HH_FILE, TextConfig, text_part
 from collabalign.lora import lora_layers, routed
 from collabalign.methods.pshare_lora import Prefs, configure, pair_loss, prepare, schedule, train
-from collabalign.methods.pshare_lora.hh_pairs import HH_ATTRIBUTES, hh_pairs, hh_texts, reply_vector
 from collabalign.methods.pshare_lora.text import TextRewardModel, encode, share_rep_frozen
-from collabalign.models.backbones import MINILM_PACKAGE, Backbone, minilm_l6, package_dir
-from collabalign.runs import RunDir
+from collabalign.models.backbones import minilm_l6
+
+from .text_setup import tiny_bert
 
 
 @pytest.fixture(scope="module")
 def backbone():
-    torch.manual_seed(0)
-    model = BertModel(BertConfig(hidden_size=16, num_hidden_layers=6, num_attention_heads=2, intermediate_size=32))
-    return Backbone(model.eval(), AutoTokenizer.from_pretrained(package_dir(MINILM_PACKAGE) / "model"), False)
+    return tiny_bert()
 
 
 @pytest.fixture(scope="module")
@@ -145,72 +137,6 @@ def test_share_rep_trains_only_the_top_blocks_per_user(backbone):
     for layer, (_, b) in zip(model.lora[2:], after_global[2:], strict=True):  # blocks 4-5: per user, moved apart
         assert layer.A.dim() == 3 and layer.B.shape[0] == 3
         assert not torch.equal(layer.B[0], b) and not torch.equal(layer.B[0], layer.B[1])
-
-
-HH_ROWS = [{"chosen": f"\n\nHuman: Question {i}?\n\nAssistant: Sorry, I can't help you with {i}.",
-            "rejected": f"\n\nHuman: Question {i}?\n\nAssistant: Sure! Do you want more? " + "word " * (i % 5)}
-           for i in range(24)]
-
-
-@pytest.fixture
-def hh_dir(tmp_path, monkeypatch):
-    (tmp_path / "hh-rlhf").mkdir()
-    with gzip.open(tmp_path / HH_FILE, "wt") as f:
-        f.write("".join(json.dumps(r) + "\n" for r in HH_ROWS))
-    monkeypatch.setenv("COLLABALIGN_DATA", str(tmp_path))
-    return tmp_path
-
-
-def test_hh_reply_attributes_and_pairs(backbone, hh_dir):
-    raw = dict(zip(HH_ATTRIBUTES, reply_vector("Sorry, can you tell me what you mean?", True, 9), strict=True))
-    assert raw == pytest.approx({"harmless": 1, "length": np.log(10), "apology": 1, "questions": 1,
-                                 "second_person": 2})
-    turns, replies, attrs = hh_texts(hh_dir / HH_FILE, backbone.tokenizer)
-    assert len(turns) == 48 and turns[0] == "Question 0?" and replies[1].startswith("Sure!")
-    pairs = hh_pairs(turns, replies, attrs, 2, 4, 3, seed=0)
-    assert pairs.users.tolist() == [0] * 7 + [1] * 7
-    assert (pairs.first // 2 == pairs.other // 2).all() and (pairs.first != pairs.other).all()
-    train_ids, test_ids = set(pairs.first[pairs.train] // 2), set(pairs.first[~pairs.train] // 2)
-    assert not train_ids & test_ids  # labelers share pairs, but never across the train / test halves
-    with pytest.raises(ValueError, match="cannot draw"):
-        hh_pairs(turns, replies, attrs, 2, 13, 3, seed=0)
-
-
-TOY = TextConfig(run=True, seeds=[0, 1], users=3, n_train=8, n_test=4, epochs=1, batch_size=8, max_length=40, rank=2,
-                 methods=["global", "local", "share_rep", "pshare_si", "pshare_g"])
-
-
-def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_dir, tmp_path):
-    parts = [text_part(TOY, [7], RunDir(tmp_path / f"run{k}"), False, backbone) for k in range(2)]
-    assert parts[0].records == parts[1].records
-    assert {r["seed"] for r in parts[0].records} == {0, 1}  # the text seeds override the experiment's
-    assert len(parts[0].records) == 2 * 5 * 2  # sources x methods x seeds
-    names = [c["name"] for c in parts[0].claims]
-    assert "TL;DR-like: P-ShareLoRA (SI) > LoRA-global" in names and "HH-RLHF: P-ShareLoRA (SI) > LoRA-local" in names
-    notes = "\n".join(parts[0].notes)
-    assert "| Share Rep | " in notes and "| oracle | " in notes and "labeler 2" in notes and "formality" in notes
-    for source in ("tldr_like", "hh"):
-        assert (tmp_path / "run0" / "plots" / f"text_{source}_per_labeler.png").stat().st_size > 1000
-    rec = parts[0].records[0]
-    assert len(rec["accuracy_per_user"]) == 3 and 0 <= rec["accuracy"] <= 1 and rec["steps"] == 3
-
-
-def test_real_tldr_source_trains_on_the_labelers_own_comparisons(backbone, tmp_path):
-    from tests.data.helpers import jsonl, write
-    from tests.data.test_tldr import TRAIN, VALID
-
-    write(tmp_path / "train.jsonl.gz", jsonl(*TRAIN), gz=True)
-    write(tmp_path / "validation.jsonl", jsonl(*VALID))
-    cfg = TOY.model_copy(update={"sources": ["tldr"], "data_root": str(tmp_path), "users": 5, "n_train": 0,
-                                 "n_test": 0, "methods": ["global", "pshare_si"]})
-    part = text_part(cfg, [0], RunDir(tmp_path / "run"), False, backbone)
-    assert len(part.records) == 2 * 2  # methods x seeds
-    rec = part.records[0]
-    assert rec["source"] == "tldr" and len(rec["accuracy_per_user"]) == 5 and "oracle_accuracy" not in rec
-    assert rec["steps"] == 3  # 4 balanced train pairs x 5 labelers / batch 8, one epoch
-    assert "Reddit TL;DR: P-ShareLoRA (SI) > LoRA-global" in [c["name"] for c in part.claims]
-    assert "| oracle |" not in "\n".join(part.notes)
-    assert (tmp_path / "run" / "plots" / "text_tldr_per_labeler.png").stat().st_size > 1000
 
 
 def test_lora_in_every_block_runs_the_whole_backbone_without_a_cache(backbone):

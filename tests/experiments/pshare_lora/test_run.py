@@ -1,0 +1,133 @@
+"""The P-ShareLoRA reproduction through the CLI at toy size (the quick config with small overrides): every declared
+claim in summary.json with its rule, the tables and plots, determinism with one or two worker processes, and the
+paper-scale TL;DR config on a tiny Llama."""
+
+import json
+from types import ModuleType
+
+import pytest
+
+from collabalign.claims import Claim
+from collabalign.cli import config_path, main
+from collabalign.experiments.pshare_lora import bandit, federated, ordering, sweeps
+from collabalign.experiments.pshare_lora.fits import fit
+from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
+
+from ..toy import run_twice
+
+TOY = ["seeds=[0, 1, 2]", "workers=1", "problem.users=4", "problem.n_train=30", "problem.n_test=100",
+       "train.steps=20", "sweep.n_train=[15, 30, 60]", "sweep.methods=[global, local, pshare_si, full]",
+       "sweep.users=[2, 4]", "sweep.spectrum_decay=[0.5, 1]", "sweep.tail=[0, 1]", "sweep.tail_n_train=[15, 60]",
+       "bandit.prompts=6", "bandit.candidates=4", "bandit.n_train=[10, 20]", "bandit.train.steps=20",
+       "bandit.iters=50", "federated.rounds=3", "federated.local_steps=2", "federated.eval_every=3",
+       "text.backbone=tiny-llama", "text.targets=[q_proj, k_proj]", "text.lora_blocks=1", "text.users=3",
+       "text.n_train=4", "text.n_test=4", "text.seeds=[0]", "text.max_length=32", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def toy_runs(tmp_path_factory):
+    return run_twice(tmp_path_factory, "pshare-lora", TOY)
+
+
+def declared(*modules: ModuleType) -> list[Claim]:
+    """Every claim a part module declares at module level (alone or in a dict per method)."""
+    out = []
+    for module in modules:
+        for value in vars(module).values():
+            out += [value] if isinstance(value, Claim) else \
+                [v for v in value.values() if isinstance(v, Claim)] if isinstance(value, dict) else []
+    return out
+
+
+def test_quick_config_is_found_by_the_experiment_name():
+    assert config_path("pshare-lora", quick=True).is_file() and config_path("pshare-lora", quick=False).is_file()
+
+
+def test_every_declared_claim_is_in_the_summary_with_its_rule(toy_runs):
+    summary = json.loads((toy_runs[0] / "summary.json").read_text())
+    records = summary["claims"]
+    claims = declared(ordering, sweeps, bandit, federated)
+    assert len(claims) == 7 + 12 + 5 + 3
+    for claim in claims:
+        found = [r for r in records if claim.name in r["name"]]
+        assert found, claim.name
+        assert all(r["rule"] == claim.rule and r["post_hoc"] == claim.post_hoc for r in found), claim.name
+    assert sum("TL;DR-like: " in r["name"] for r in records) == len(ordering.CLAIMS)
+    assert {r["verdict"] for r in records} <= {"reproduced", "not reproduced", "inconclusive"}
+    assert all({"rule", "n", "estimate", "interval", "margin", "post_hoc", "measured"} <= set(r) for r in records)
+    decided = {r["name"] for r in records if r["n"] >= 3}
+    assert "P-ShareLoRA (SI) > LoRA-global" in decided and "dist(B^, B°) falls as N_p^-1/2 (Thm 4.1)" in decided
+    assert "federated P-ShareLoRA (SI) > FedAvg-LoRA" in decided
+
+
+def test_tables_plots_and_slopes_are_written(toy_runs):
+    summary = json.loads((toy_runs[0] / "summary.json").read_text())
+    assert set(summary["metrics"]["sweep_slopes"]) == {"n_train", "users", "spectrum_decay", "tail=0", "tail=1"}
+    assert set(summary["metrics"]["sweep_slopes"]["users"]) == {"global", "local", "pshare_si", "full"}
+    report = (toy_runs[0] / "report.md").read_text()
+    assert "| P-ShareLoRA (WU) | " in report and " ± " in report and "Smoke run" in report
+    for sweep in ("n_train", "users", "spectrum_decay", "tail_1"):
+        for metric in ("accuracy", "subspace_dist"):
+            assert (toy_runs[0] / "plots" / f"sweep_{sweep}_{metric}.png").stat().st_size > 1000
+    for plot in ("bandit_gap_zeta0", "federated_accuracy", "text_tldr_like_per_labeler"):
+        assert (toy_runs[0] / "plots" / f"{plot}.png").stat().st_size > 1000
+
+
+def test_records_cover_every_method_and_seed_and_are_deterministic(toy_runs):
+    a, b = toy_runs
+    records = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
+    main_runs = {(r["method"], r["seed"]) for r in records if r["experiment"] == "main"}
+    assert len(main_runs) == 8 * 3
+    assert {r["value"] for r in records if r["experiment"] == "sweep_n_train"} == {15, 30, 60}
+    assert {r["value"] for r in records if r["experiment"] == "sweep_users"} == {2, 4}
+    assert {r["experiment"] for r in records} >= {"bandit", "federated", "text"}
+    assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
+
+
+def test_worker_processes_give_the_same_records(toy_runs, tmp_path):
+    quick = str(config_path("pshare-lora", quick=True))
+    assert main(["run", quick, *TOY[:-1], "workers=2", "bandit.run=false", "federated.run=false", "text.run=false",
+                 "--no-progress", "--out", str(tmp_path)]) == 0
+    records = (toy_runs[0] / "metrics.jsonl").read_text().splitlines()
+    synthetic = [r for r in records if json.loads(r)["experiment"] == "main" or
+                 json.loads(r)["experiment"].startswith("sweep_")]
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == synthetic
+
+
+def test_fit_is_deterministic_and_seed_dependent():
+    small = ProblemConfig(d1=6, d2=4, users=3, k=2, n_train=5, n_test=50)
+    tc = TrainConfig(steps=15)
+    a, b = fit(small, tc, "pshare_wu", 0), fit(small, tc, "pshare_wu", 0)
+    assert a == b and fit(small, tc, "pshare_wu", 1) != a
+
+
+def test_gpu_tldr_config_validates_and_runs_on_a_tiny_llama(tmp_path):
+    """The paper-scale TL;DR config with a tiny random Llama saved locally in place of Llama-3 8B, LoRA on q_proj /
+    k_proj of every block (no cache), bfloat16 backbone, gradient checkpointing and micro-batches, on the CPU, on a
+    TL;DR fixture in the hub's schema."""
+    from collabalign.cli import CONFIG_DIR
+    from collabalign.config import read_yaml, validate
+    from collabalign.experiments.pshare_lora import Config
+    from collabalign.models.backbones import tiny_llama
+    from tests.data.helpers import jsonl, write
+    from tests.data.test_tldr import TRAIN, VALID
+
+    path = CONFIG_DIR / "pshare_lora" / "gpu_tldr.yaml"
+    cfg = validate(Config, {k: v for k, v in read_yaml(path).items() if k != "experiment"})
+    assert (cfg.text.backbone, cfg.text.rank, cfg.text.alpha, cfg.text.targets) == (
+        "meta-llama/Meta-Llama-3-8B", 32, 16, ["q_proj", "k_proj"])
+    assert cfg.methods == [] and cfg.text.sources == ["tldr"] and cfg.text.lr == 5e-5
+    assert (cfg.text.dtype, cfg.text.gradient_checkpointing, cfg.text.micro_batch) == ("bfloat16", True, 4)
+    tiny = tiny_llama(num_layers=2)
+    tiny.model.save_pretrained(tmp_path / "tiny-llama")
+    tiny.tokenizer.save_pretrained(tmp_path / "tiny-llama")
+    (tmp_path / "data").mkdir()
+    write(tmp_path / "data" / "train.jsonl.gz", jsonl(*TRAIN), gz=True)
+    write(tmp_path / "data" / "validation.jsonl", jsonl(*VALID))
+    overrides = [f"text.backbone={tmp_path / 'tiny-llama'}", f"text.data_root={tmp_path / 'data'}", "text.device=cpu",
+                 "text.lora_blocks=2", "text.max_length=48", "text.batch_size=8", "text.rank=4", "text.epochs=1",
+                 "text.methods=[global, pshare_si, pshare_wu]", "--no-progress"]
+    assert main(["run", str(path), *overrides, "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert set(summary["metrics"]["text_tldr"]) == {"LoRA-global", "P-ShareLoRA (SI)", "P-ShareLoRA (WU)"}
+    assert summary["claims"] and all(c["name"].startswith("Reddit TL;DR: ") for c in summary["claims"])
