@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from collabalign.methods.pshare_lora.synthetic import Truth, true_reward
+from collabalign.methods.pshare_lora.synthetic import Truth, labelled
 from collabalign.methods.pshare_lora.train import Prefs
 
 
@@ -71,11 +71,7 @@ def bandit_pairs(bandit: Bandit, truth: Truth, per_user: int, g: torch.Generator
     j0 = torch.randint(m, (len(users),), generator=g)
     j1 = (j0 + 1 + torch.randint(m - 1, (len(users),), generator=g)) % m
     rows = bandit.rows.to(truth.delta.dtype)
-    x0, x1 = rows[s, idx[s, j0]], rows[s, idx[s, j1]]
-    theta = truth.theta_init + truth.delta
-    diff = true_reward(theta, users, x0) - true_reward(theta, users, x1)
-    o = torch.rand(len(users), generator=g) < torch.sigmoid(diff)
-    return Prefs(users, torch.where(o[:, None], x0, x1), torch.where(o[:, None], x1, x0))
+    return labelled(truth, users, rows[s, idx[s, j0]], rows[s, idx[s, j1]], g)
 
 
 def first_pairs(data: Prefs, n_users: int, per_user: int) -> Prefs:

@@ -88,6 +88,12 @@ def pairs(truth: Truth, per_user: int, g: torch.Generator) -> Prefs:
     n, d1, d2 = truth.delta.shape
     users = torch.arange(n).repeat_interleave(per_user)
     x0, x1 = torch.randn(2, len(users), d1 + d2, generator=g)
+    return labelled(truth, users, x0, x1, g)
+
+
+def labelled(truth: Truth, users: Tensor, x0: Tensor, x1: Tensor, g: torch.Generator) -> Prefs:
+    """The pairs (x0, x1) of `users` as chosen / rejected, o ~ Bernoulli(sigmoid(r*(x0) - r*(x1))) per the BTL model
+    of each user's true reward."""
     theta = truth.theta_init + truth.delta
     diff = true_reward(theta, users, x0) - true_reward(theta, users, x1)
     o = torch.rand(len(users), generator=g) < torch.sigmoid(diff)
