@@ -18,11 +18,10 @@ from collabalign.methods.pshare_lora import configure, pair_loss
 from collabalign.methods.pshare_lora.federated import (
     FederatedPShareLoRA,
     LocalLoRA,
-    LocalSteps,
-    RoutedLoRA,
     personal_bytes,
     user_data,
 )
+from collabalign.methods.pshare_lora.local_trainer import LocalSteps, RoutedLoRA
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, evaluate, generate, model_for
 from collabalign.seeding import Seeds
 

@@ -25,12 +25,11 @@ from collabalign.methods.fedavg import FedAvg
 from collabalign.methods.pshare_lora.federated import (
     FederatedPShareLoRA,
     LocalLoRA,
-    LocalSteps,
     PersonalLoRA,
-    RoutedLoRA,
     personal_bytes,
     user_data,
 )
+from collabalign.methods.pshare_lora.local_trainer import LocalSteps, RoutedLoRA
 from collabalign.methods.pshare_lora.synthetic import (
     ProblemConfig,
     TrainConfig,
