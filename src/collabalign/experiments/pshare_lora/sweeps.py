@@ -12,6 +12,7 @@ import numpy as np
 from collabalign.claims import equivalence, in_band, not_run, slopes, superiority
 from collabalign.experiments.pshare_lora.config import Config, SweepConfig
 from collabalign.experiments.pshare_lora.plots import sweep_plot
+from collabalign.methods.pshare_lora import LABELS
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig
 from collabalign.runs import Part, RunDir
 
@@ -128,7 +129,7 @@ def crossover_claims(c: Curves, problem: ProblemConfig, target_fraction: float, 
                "params_per_user": params}
     short = [m for m, v in need.items() if np.isnan(v).any()]
     if short:
-        reason = f"{', '.join(short)} never reach(es) the target inside the sweep in some seed"
+        reason = f"not at the target accuracy inside the sweep in every seed: {', '.join(LABELS[m] for m in short)}"
         return [not_run(claim, reason) for claim in claims]
     si, local, full = need["pshare_si"], need["local"], need["full"]
     return [NEED_ORDER.decide_cells({"shared B < local": (si, local), "local < full": (local, full)}, **context),
