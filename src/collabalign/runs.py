@@ -46,13 +46,6 @@ def environment() -> dict[str, Any]:
     return {"versions": versions, "git": git}
 
 
-def claim(name: str, verdict: str, measured: dict[str, Any], expected: str) -> dict[str, Any]:
-    """TEMPORARY (issue 12): the old per-experiment verdicts, removed once every experiment decides through
-    claims.py."""
-    return {"name": name, "verdict": verdict, "measured": measured, "expected": expected, "rule": "legacy", "n": 0,
-            "estimate": None, "interval": None, "margin": None, "post_hoc": False}
-
-
 @dataclass
 class Part:
     """What one part of a reproduction adds to its run: claim records (from `claims.py`), metric records, summary
