@@ -76,9 +76,13 @@ def claims_table(claims: list[dict[str, Any]]) -> list[str]:
     details = []
     for c in claims:
         name = c["name"] + (" *(post hoc)*" if c.get("post_hoc") else "")
-        scale = " on ratios" if c.get("scale") == "ratio" else ""
-        rule = f"{c['rule']}{scale} ({_fmt(c['margin'])})" if c.get("margin") not in (None, 0, 0.0) else \
-            f"{c['rule']}{scale}"
+        rule = c["rule"] + (" on ratios" if c.get("scale") == "ratio" else "")
+        margin = c.get("margin")
+        if margin not in (None, 0, 0.0):  # a ratio margin m is the factor 1 + m
+            rule += f" (factor {1 + margin:g})" if c.get("scale") == "ratio" and c["rule"] != "band" else \
+                f" ({_fmt(margin)})"
+        if "holm" in c:
+            rule += f", Holm over {c['holm']['cells']} cells (worst shown)"
         iv = c.get("interval")
         estimate = _fmt(c["estimate"]) + (f" [{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "")
         lines.append(f"| {name} | {c['expected']} | {rule} | {c['n']} | {estimate} | **{c['verdict']}** |")
