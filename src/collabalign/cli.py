@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "report":
             if not (args.run_dir / "summary.json").exists():
                 raise ConfigError(f"{args.run_dir}: not a run directory (no summary.json)")
-            print(write_report(args.run_dir))
+            name = RunDir(args.run_dir).read_config().get("experiment")
+            print(write_report(args.run_dir, _experiment(name).TITLE if name in EXPERIMENTS else ""))
         else:
             for name in sorted(EXPERIMENTS):
                 configs = ", ".join(sorted(str(p.relative_to(CONFIG_DIR)) for p in config_dir(name).glob("*.yaml")))

@@ -73,7 +73,7 @@ def test_report_command_rewrites_the_report(tiny_runs, capsys):
     run = tiny_runs[0]
     (run / "report.md").unlink()
     rc, out, _ = run_cli(["report", str(run)], capsys)
-    assert rc == 0 and (run / "report.md").exists()
+    assert rc == 0 and (run / "report.md").read_text().startswith("# Quickstart: FedAvg-LoRA")  # the title again
 
 
 @pytest.mark.parametrize("args, message", [
