@@ -122,6 +122,8 @@ def test_band_rule_for_slopes_fitted_per_seed():
     assert in_band("", "", 0.0, 1.0).decide(s)["verdict"] == "not reproduced"
     assert in_band("", "", -0.5, 0.0).decide(s)["verdict"] == "inconclusive"
     assert slopes([1, 2, 3], [[1, 3, 5]], log_x=False, log_y=False) == pytest.approx([2.0])
+    own_x = [[1, 2, 3], [0, 1, 2]]  # each replicate with its own x
+    assert slopes(own_x, [[1, 3, 5], [0, 3, 6]], log_x=False, log_y=False) == pytest.approx([2.0, 3.0])
 
 
 def test_exact_rule():

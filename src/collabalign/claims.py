@@ -85,12 +85,13 @@ def one_sided_p(values: np.ndarray, boundary: float) -> float:
 
 
 def slopes(x: Sequence[float] | np.ndarray, y: np.ndarray, log_x: bool = True, log_y: bool = True) -> np.ndarray:
-    """Least-squares slope per replicate: y is (replicates, len(x)); log-log by default (rates, scaling laws)."""
+    """Least-squares slope per replicate: y is (replicates, points), x is (points,) shared by every replicate or
+    (replicates, points) of its own; log-log by default (rates, scaling laws)."""
     xs = np.log(np.asarray(x, dtype=float)) if log_x else np.asarray(x, dtype=float)
     ys = np.atleast_2d(np.asarray(y, dtype=float))
     ys = np.log(ys) if log_y else ys
-    xc = xs - xs.mean()
-    return (ys - ys.mean(1, keepdims=True)) @ xc / (xc @ xc)
+    xc = xs - xs.mean(-1, keepdims=True)
+    return ((ys - ys.mean(-1, keepdims=True)) * xc).sum(-1) / (xc * xc).sum(-1)
 
 
 @dataclass(frozen=True)

@@ -86,7 +86,7 @@ def claims_table(claims: list[dict[str, Any]]) -> list[str]:
         iv = c.get("interval")
         estimate = _fmt(c["estimate"]) + (f" [{_fmt(iv[0])}, {_fmt(iv[1])}]" if iv else "")
         lines.append(f"| {name} | {c['expected']} | {rule} | {c['n']} | {estimate} | **{c['verdict']}** |")
-        context = {k: v for k, v in c.get("measured", {}).items()}
+        context = dict(c.get("measured", {}))
         if "cells" in c:
             context["cells"] = {k: f"{_fmt(v['estimate'])} {v['interval']}" for k, v in c["cells"].items()}
         if context:

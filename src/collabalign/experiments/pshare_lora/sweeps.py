@@ -86,10 +86,7 @@ def per_seed(c: Curve, metric: str) -> np.ndarray:
 
 def seed_slopes(c: Curve, metric: str, x_metric: str | None = None) -> np.ndarray:
     """Per seed, the log-log slope of `metric` against the knob (or against that seed's own `x_metric`)."""
-    if x_metric is None:
-        return slopes(sorted(c), per_seed(c, metric))
-    return np.concatenate([slopes(x, y[None]) for x, y in zip(per_seed(c, x_metric), per_seed(c, metric),
-                                                                strict=True)])
+    return slopes(sorted(c) if x_metric is None else per_seed(c, x_metric), per_seed(c, metric))
 
 
 def rate_claims(c: Curves, tail: float) -> list[dict]:
