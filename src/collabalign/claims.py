@@ -253,6 +253,11 @@ def not_run(claim: Claim, reason: str) -> dict[str, Any]:
     return claim._record("inconclusive", Interval(math.nan, math.nan, math.nan, 0, "none"), {"not_run": reason})
 
 
+def confirmed(record: Mapping[str, Any]) -> bool:
+    """Whether a decided claim's record says the claim holds (what later parts may condition a label on)."""
+    return record["verdict"] == "reproduced"
+
+
 def _round(x: float) -> float | None:
     return None if x is None or not math.isfinite(x) else float(f"{x:.6g}")
 

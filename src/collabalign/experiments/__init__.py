@@ -4,6 +4,7 @@ ledger.csv, summary.json (claims + metrics) and plots into the run directory."""
 
 EXPERIMENTS: dict[str, str] = {
     "affpcl": "collabalign.experiments.affpcl",
+    "firm": "collabalign.experiments.firm",
     "fslora": "collabalign.experiments.fslora",
     "pshare-lora": "collabalign.experiments.pshare_lora",
     "quickstart": "collabalign.experiments.quickstart",

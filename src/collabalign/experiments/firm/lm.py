@@ -1,0 +1,192 @@
+"""FIRM on a language-model policy (spec §5, Figs. 1-6, Table 1): PPO with LoRA on HH-RLHF and PKU-SafeRLHF
+prompts, helpful and harmless reward models trained here, every arm over the same seeds. Claims are declared below
+before the code that runs them; seeds are the replicates; final held-out rewards are the mean of the last two
+evaluated rounds."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from collabalign import claims
+from collabalign.comm import Message
+from collabalign.data.safety_prompts import safety_prompts
+from collabalign.experiments.firm import lm_plots
+from collabalign.experiments.firm.lm_setup import LMConfig, LMRunner, arms
+from collabalign.runs import Part, RunDir
+from collabalign.seeding import Seeds
+
+REWARD_MARGIN = 0.02  # a reward difference smaller than this (on [0, 1]) is "comparable" (declared a priori)
+CLOSE_MARGIN = 0.05  # ablations "closely matched" to the base run: final rewards within +-0.05
+LAMBDA_MARGIN = 0.1  # ... and mean λ_help within +-0.1
+
+LEARNED = claims.superiority(
+    "[LM] The task is learned: FIRM raises the mean of the two held-out rewards above the base model",
+    "final (helpful + harmless) / 2 of FIRM's global model above the same at round 0 (the frozen base model)")
+RQ1 = claims.non_inferiority(
+    "[LM] RQ1: FIRM comparable to or better than FedCMOO-A on both rewards",
+    f"final held-out reward FIRM - FedCMOO-A above -{REWARD_MARGIN} for helpfulness and harmlessness, Holm over "
+    "the two", margin=REWARD_MARGIN)
+DISPERSION = claims.superiority(
+    "[LM] RQ2: across-client λ dispersion falls as β grows",
+    "mean over steps of D_λ at each β above D_λ at the next larger β of the sweep, Holm over adjacent pairs",
+    lower_is_better=True)
+DISPERSION_ENDS = claims.superiority(
+    "[LM] RQ2: λ dispersion at the largest β below β = 0",
+    "mean D_λ at the sweep's largest β minus at β = 0 below 0", lower_is_better=True)
+BETA0_WORSE = claims.superiority(
+    "[LM] RQ2: β = 0.05 gives higher rewards than β = 0 (paper: helpfulness stuck near 0.46 without β)",
+    "final held-out reward at β = 0.05 above β = 0 for helpfulness and harmlessness, Holm over the two")
+PREFERENCE = claims.superiority(
+    "[LM] RQ3: the preference vector steers the final rewards",
+    "per-seed least-squares slope of final (helpful - harmless) against log(p1/p2) above 0")
+CLOSE_REWARD = claims.equivalence(
+    "final held-out reward equal to the base FIRM run", f"paired difference within +-{CLOSE_MARGIN}",
+    margin=CLOSE_MARGIN)
+CLOSE_LAMBDA = claims.equivalence(
+    "mean λ_help equal to the base FIRM run", f"paired difference within +-{LAMBDA_MARGIN}", margin=LAMBDA_MARGIN)
+UPLOAD = claims.exact(
+    "[LM] FIRM uploads d floats per client per round, FedCMOO-A M·d more (its gradient phase)",
+    "array bytes uploaded by FedCMOO-A's gradient phase / FIRM's adapter upload = M = 2, from the ledger")
+
+CLAIMS = (LEARNED, RQ1, UPLOAD, DISPERSION, DISPERSION_ENDS, BETA0_WORSE, PREFERENCE)
+
+
+def not_run_part(reason: str) -> Part:
+    """The LM part when it cannot run (no data, no reward models): every declared claim recorded as not run."""
+    return Part([claims.not_run(c, reason) for c in CLAIMS], notes=[f"Language-model path not run: {reason}."])
+
+
+def final(records: list[dict], key: str, last: int = 2) -> float:
+    """Mean of `key` over the last `last` evaluated rounds of one run."""
+    values = [r[key] for r in records if key in r and r["round"] > 0]
+    return float(np.mean(values[-last:]))
+
+
+def part(cfg: LMConfig, rewards, seeds: Seeds, run_dir: RunDir, data_root, progress: bool) -> Part:
+    """Every switched-on arm over cfg.seeds seeds, then the claims, plots and Table 1 samples."""
+    runner = LMRunner(cfg, None, rewards, seeds)
+    runner.prompts = safety_prompts(data_root, cfg.prompts_per_source, cfg.eval_prompts, runner.prompt_tokens,
+                                    cfg.max_prompt_tokens,
+                                    seeds.numpy("firm/lm/prompts"))
+    with runner.policy.reference():
+        samples = {"base model": runner.samples()}
+    results, ledgers, records = {}, {}, []
+    for arm in arms(cfg):
+        results[arm.name] = []
+        for s in range(cfg.seeds):
+            recs, ledger = runner.run(arm, s, progress)
+            results[arm.name].append(recs)
+            records += [{"part": "lm", "arm": arm.name, "seed": s, **r} for r in recs]
+            if s == 0:
+                ledgers[arm.name] = ledger
+                if arm.name.startswith("p1/p2") or arm.name == "firm":
+                    samples[arm.name] = runner.samples()
+    decided = decide(cfg, results, ledgers, runner)
+    earlier = {k: v for k, v in run_dir.read_ledgers().items() if not k.startswith("lm ")}  # the synthetic parts'
+    run_dir.write_ledgers({**earlier, **{f"lm {arm} seed 0": led for arm, led in ledgers.items()}})
+    lm_plots.plot_all(run_dir.path / "plots", results)
+    label = "" if rewards.helpful_beats_baselines else f" **Helpfulness label:** {rewards.label}."
+    notes = [f"Language-model path: {cfg.model}, {cfg.clients} clients, {cfg.rounds} rounds x {cfg.batches} batches "
+             f"of {cfg.batch_size}, {cfg.max_new_tokens} new tokens, {cfg.seeds} seeds; {len(runner.prompts.train)} "
+             f"train and {len(runner.prompts.eval)} held-out prompts ({runner.prompts.dropped_long} longer than "
+             f"{cfg.max_prompt_tokens} tokens left out).{label}"]
+    notes.append(table1(cfg.samples, samples))
+    metrics = {"lm": {arm: {"final_helpful": [final(r, "eval_helpful") for r in runs],
+                            "final_harmless": [final(r, "eval_harmless") for r in runs],
+                            "lambda_help": [final(r, "lambda_0", last=10**6) for r in runs],
+                            "lambda_dispersion": [final(r, "lambda_dispersion", last=10**6) for r in runs]}
+                      for arm, runs in results.items()}, "lm_samples": samples}
+    return Part(claims=decided, records=records, metrics=metrics, notes=notes)
+
+
+def table1(prompts: list[str], samples: dict[str, list[str]]) -> str:
+    """The paper's Table 1 analogue as markdown: each model's answer (temperature 0.7, one fixed stream) per prompt."""
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|").replace("\n", " ").strip() or "(empty)"
+
+    rows = [f"| {who} | {cell(p)} | {cell(r)} |" for who, texts in samples.items()
+            for p, r in zip(prompts, texts, strict=True)]
+    return "\n".join(["Table 1 analogue (seed 0's global models):", "", "| model | prompt | response |",
+                      "|---|---|---|", *rows])
+
+
+def decide(cfg: LMConfig, results: dict[str, list[list[dict]]], ledgers: dict, runner: LMRunner) -> list[dict]:
+    """Every declared LM claim on the arms that ran; a claim whose arms did not run is recorded as not run."""
+    def per_seed(arm: str, key: str, last: int = 2) -> np.ndarray:
+        return np.array([final(r, key, last) for r in results[arm]])
+
+    def missing(*arms: str) -> str:
+        absent = [a for a in arms if a not in results]
+        return f"arms not run: {', '.join(absent)}" if absent else ""
+
+    both = ("eval_helpful", "eval_harmless")
+    out = []
+    if why := missing("firm"):
+        out.append(claims.not_run(LEARNED, why))
+    else:
+        mean = (per_seed("firm", both[0]) + per_seed("firm", both[1])) / 2
+        base0 = np.array([(r[0][both[0]] + r[0][both[1]]) / 2 for r in results["firm"]])
+        out.append(LEARNED.decide(mean, base0, firm=mean.mean(), base_model=base0.mean()))
+    if why := missing("firm", "fedcmoo-a"):
+        out += [claims.not_run(RQ1, why), claims.not_run(UPLOAD, why)]
+    else:
+        ls = {k: per_seed("fedavg-ls", k).mean() for k in both} if "fedavg-ls" in results else None
+        out.append(RQ1.decide_cells({k: (per_seed("firm", k), per_seed("fedcmoo-a", k)) for k in both},
+                                    fedavg_ls=ls))
+        out.append(upload_claim(ledgers, runner, cfg))
+    name = {b: f"beta={b:g}/C={cfg.beta_clients}" for b in sorted(cfg.beta_sweep)}
+    betas = [b for b in name if name[b] in results]
+    if len(betas) < 2 or betas[0] != 0:
+        out += [claims.not_run(c, "needs β = 0 and a larger β") for c in (DISPERSION, DISPERSION_ENDS)]
+    else:
+        disp = {b: per_seed(name[b], "lambda_dispersion", last=10**6) for b in betas}
+        pairs = zip(betas, betas[1:], strict=False)
+        out.append(DISPERSION.decide_cells({f"beta {a:g} -> {b:g}": (disp[b], disp[a]) for a, b in pairs},
+                                           means={f"{b:g}": disp[b].mean() for b in betas}))
+        out.append(DISPERSION_ENDS.decide(disp[betas[-1]], disp[0]))
+    if 0.0 in betas and 0.05 in betas:
+        out.append(BETA0_WORSE.decide_cells({k: (per_seed(name[0.05], k), per_seed(name[0.0], k)) for k in both}))
+    else:
+        out.append(claims.not_run(BETA0_WORSE, "needs β = 0 and β = 0.05 in the sweep"))
+    return out + preference_claims(cfg, results, per_seed) + ablation_claims(cfg, results, per_seed)
+
+
+def preference_claims(cfg: LMConfig, results: dict, per_seed) -> list[dict]:
+    ratios = [r for r in cfg.preferences if f"p1/p2={r:g}" in results]
+    if len(ratios) < 2:
+        return [claims.not_run(PREFERENCE, "fewer than 2 preference vectors ran")]
+    arms_ = [f"p1/p2={r:g}" for r in ratios]
+    gap = np.stack([per_seed(a, "eval_helpful") - per_seed(a, "eval_harmless") for a in arms_], 1)  # (seeds, p)
+    return [PREFERENCE.decide(claims.slopes(np.log(ratios), gap, log_x=False, log_y=False),
+                              helpful={a: per_seed(a, "eval_helpful").mean() for a in arms_},
+                              harmless={a: per_seed(a, "eval_harmless").mean() for a in arms_})]
+
+
+def ablation_claims(cfg: LMConfig, results: dict, per_seed) -> list[dict]:
+    out = []
+    for arm in ["hetero-rm", f"dirichlet={cfg.dirichlet_alpha:g}", f"C={2 * cfg.clients}"]:
+        for key, claim in (("eval_helpful", CLOSE_REWARD), ("eval_harmless", CLOSE_REWARD),
+                           ("lambda_0", CLOSE_LAMBDA)):
+            named = claims.Claim(f"[LM] {arm}: {key.removeprefix('eval_')} {claim.name}", claim.expected,
+                                 claim.rule, margin=claim.margin)
+            last = 10**6 if key == "lambda_0" else 2
+            out.append(named.decide(per_seed(arm, key, last), per_seed("firm", key, last))
+                       if arm in results and "firm" in results else claims.not_run(named, f"arm {arm} or firm not run"))
+    return out
+
+
+def upload_claim(ledgers: dict, runner: LMRunner, cfg: LMConfig) -> dict:
+    """Array bytes per client upload, from the messages as sent: FedCMOO-A's M·d gradients against FIRM's d."""
+    adapter = Message(runner.policy.adapter_state(), {"n": cfg.batches * cfg.batch_size})
+    d = sum(a.size for a in adapter.values())
+    grads = Message({"grads": np.zeros((d, 2), np.float32)}, {"n": cfg.batch_size})
+    firm_up = ledgers["firm"].total("up")
+    expected_firm = cfg.rounds * cfg.clients * adapter.nbytes
+    cmoo_up = ledgers["fedcmoo-a"].total("up")
+    expected_cmoo = cfg.rounds * cfg.clients * (adapter.nbytes + grads.nbytes)
+    ratio = grads.array_nbytes / adapter.array_nbytes
+    ok = firm_up == expected_firm and cmoo_up == expected_cmoo
+    value = ratio if ok else 0.0  # a ledger that differs from the messages' own bytes fails the claim
+    return UPLOAD.decide(value, 2.0, adapter_floats=d,
+                         firm_upload_bytes=firm_up, firm_expected=expected_firm, fedcmoo_upload_bytes=cmoo_up,
+                         fedcmoo_expected=expected_cmoo)

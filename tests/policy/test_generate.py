@@ -1,0 +1,73 @@
+import pytest
+import torch
+
+from tests.policy.bandit import PROMPTS
+
+
+def seeded(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def test_generation_is_deterministic_under_a_seed_and_differs_for_another(make_policy):
+    policy = make_policy()
+    a = policy.generate(PROMPTS, 5, generator=seeded(0))
+    b = policy.generate(PROMPTS, 5, generator=seeded(0))
+    c = policy.generate(PROMPTS, 5, generator=seeded(1))
+    assert torch.equal(a.input_ids, b.input_ids) and a.responses == b.responses
+    assert not torch.equal(a.input_ids, c.input_ids)
+    assert a.input_ids.shape == (4, a.prompt_len + 5) and a.mask.all()  # nothing stopped: exactly max_new_tokens
+    assert (a.attention_mask[:, a.prompt_len:] == 1).all()
+
+
+def test_rows_stop_at_eos_and_are_padded_after(make_policy):
+    policy = make_policy()
+    with torch.no_grad():  # a huge EOS embedding (tied to the output) makes EOS likely wherever its logit is positive
+        embedding = policy.model.get_input_embeddings().weight
+        embedding[policy.eos_id] = 100 * embedding[1000]
+    policy.pad_id = 0  # a pad token other than EOS (SmolLM2 pads with EOS), so padding after EOS shows
+    rollout = policy.generate(PROMPTS * 4, 8, generator=seeded(0), chat=False)
+    response, mask = rollout.input_ids[:, rollout.prompt_len:], rollout.mask
+    lengths = mask.sum(1)
+    assert rollout.prompt_len + 8 >= rollout.input_ids.shape[1]
+    assert (lengths < mask.shape[1]).any() and (lengths > 1).any()
+    for row in range(len(rollout)):
+        n = int(lengths[row])
+        assert mask[row, :n].all() and not mask[row, n:].any()
+        assert (response[row, n:] == policy.pad_id).all()
+        assert not rollout.attention_mask[row, rollout.prompt_len + n:].any()
+        if n < mask.shape[1]:  # stopped early: the last response token is EOS
+            assert response[row, n - 1] == policy.eos_id
+        assert (response[row, :n - 1] != policy.eos_id).all()
+        assert policy.tokenizer.eos_token not in rollout.responses[row]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_tiny_top_p_is_greedy_and_greedy_is_the_argmax_of_a_forward(make_policy, make_gpt2_policy, arch):
+    policy = make_policy(gain=4.0) if arch == "llama" else make_gpt2_policy()
+    greedy = policy.generate(PROMPTS, 6, generator=seeded(0), temperature=0)
+    nucleus = policy.generate(PROMPTS, 6, generator=seeded(1), top_p=1e-6)
+    sampled = policy.generate(PROMPTS, 6, generator=seeded(1))
+    assert torch.equal(greedy.input_ids, nucleus.input_ids) and not torch.equal(greedy.input_ids, sampled.input_ids)
+    with torch.no_grad():
+        mask = greedy.attention_mask
+        logits = policy.model(input_ids=greedy.input_ids, attention_mask=mask,
+                              position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    assert torch.equal(logits[:, greedy.prompt_len - 1:-1].argmax(-1), greedy.input_ids[:, greedy.prompt_len:])
+
+
+def test_nucleus_sampling_only_draws_from_the_top_p_mass(make_policy):
+    policy = make_policy(gain=10.0)
+    rollout = policy.generate(["Hello!"] * 64, 1, generator=seeded(2), top_p=0.5, chat=False)
+    with torch.no_grad():
+        probs = policy.model(input_ids=policy.encode(["Hello!"], chat=False)[0]).logits[0, -1].softmax(-1)
+    sorted_p, order = probs.sort(descending=True)
+    allowed = order[: int((sorted_p.cumsum(0) < 0.5).sum()) + 1]
+    drawn = rollout.input_ids[:, -1].unique()
+    assert torch.isin(drawn, allowed).all() and len(drawn) > 1
+
+
+def test_bad_sampling_arguments_are_errors(make_policy):
+    policy = make_policy()
+    for kwargs in ({"top_p": 0.0}, {"temperature": -1.0}):
+        with pytest.raises(ValueError, match="top_p"):
+            policy.generate(PROMPTS, 2, generator=seeded(0), **kwargs)
