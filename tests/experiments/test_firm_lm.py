@@ -49,7 +49,7 @@ def test_gpu_config_runs_end_to_end_on_tiny_stand_ins(tmp_path, capsys):
     assert {c.name for c in lm.CLAIMS} <= names
     for claim in summary["claims"]:
         assert {"rule", "n", "estimate", "interval", "margin", "verdict"} <= set(claim)
-    assert any(c["name"].startswith("[LM] hetero-rm") for c in summary["claims"])
+    assert any(c["name"].startswith("[LM hetero-rm, helpful]") for c in summary["claims"])
     upload = next(c for c in summary["claims"] if c["name"] == lm.UPLOAD.name)
     assert upload["verdict"] == "reproduced"  # the ledger's bytes equal the messages' own, FedCMOO-A sends 2d more
     report = (out / "report.md").read_text()

@@ -11,6 +11,7 @@ from collabalign import claims
 from collabalign.comm import Message
 from collabalign.data.safety_prompts import safety_prompts
 from collabalign.experiments.firm import lm_plots
+from collabalign.experiments.firm.common import tagged
 from collabalign.experiments.firm.lm_setup import LMConfig, LMRunner, arms
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
@@ -40,10 +41,11 @@ PREFERENCE = claims.superiority(
     "[LM] RQ3: the preference vector steers the final rewards",
     "per-seed least-squares slope of final (helpful - harmless) against log(p1/p2) above 0")
 CLOSE_REWARD = claims.equivalence(
-    "final held-out reward equal to the base FIRM run", f"paired difference within +-{CLOSE_MARGIN}",
+    "ablation: final held-out reward equal to the base FIRM run", f"paired difference within +-{CLOSE_MARGIN}",
     margin=CLOSE_MARGIN)
 CLOSE_LAMBDA = claims.equivalence(
-    "mean λ_help equal to the base FIRM run", f"paired difference within +-{LAMBDA_MARGIN}", margin=LAMBDA_MARGIN)
+    "ablation: mean λ_help equal to the base FIRM run", f"paired difference within +-{LAMBDA_MARGIN}",
+    margin=LAMBDA_MARGIN)
 UPLOAD = claims.exact(
     "[LM] FIRM uploads d floats per client per round, FedCMOO-A M·d more (its gradient phase)",
     "array bytes uploaded by FedCMOO-A's gradient phase / FIRM's adapter upload = M = 2, from the ledger")
@@ -167,8 +169,7 @@ def ablation_claims(cfg: LMConfig, results: dict, per_seed) -> list[dict]:
     for arm in ["hetero-rm", f"dirichlet={cfg.dirichlet_alpha:g}", f"C={2 * cfg.clients}"]:
         for key, claim in (("eval_helpful", CLOSE_REWARD), ("eval_harmless", CLOSE_REWARD),
                            ("lambda_0", CLOSE_LAMBDA)):
-            named = claims.Claim(f"[LM] {arm}: {key.removeprefix('eval_')} {claim.name}", claim.expected,
-                                 claim.rule, margin=claim.margin)
+            named = tagged(claim, f"LM {arm}, {key.removeprefix('eval_')}")
             last = 10**6 if key == "lambda_0" else 2
             out.append(named.decide(per_seed(arm, key, last), per_seed("firm", key, last))
                        if arm in results and "firm" in results else claims.not_run(named, f"arm {arm} or firm not run"))

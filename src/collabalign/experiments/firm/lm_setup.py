@@ -13,6 +13,7 @@ from pydantic import Field
 from collabalign.config import Strict
 from collabalign.data.partition import dirichlet, iid
 from collabalign.data.safety_prompts import SafetyPrompts
+from collabalign.experiments.firm.common import preference
 from collabalign.federation import simulate
 from collabalign.methods.firm.federated import ClientData, FederatedPPO, LambdaRule, Rollouts
 from collabalign.models.backbones import load_backbone
@@ -66,11 +67,6 @@ class Arm:
     clients: int
     split: str = "iid"  # iid | dirichlet
     hetero: bool = False  # half the clients score helpfulness with the third, differently trained model
-
-
-def preference(ratio: float) -> tuple[float, float]:
-    """p with p1 / p2 = ratio and p1 + p2 = 2 (spec §9 item 6, s = 1)."""
-    return (2 * ratio / (1 + ratio), 2 / (1 + ratio))
 
 
 def arms(cfg: LMConfig) -> list[Arm]:

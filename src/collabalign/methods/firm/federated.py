@@ -99,11 +99,12 @@ class FederatedPPO:
 
     def client_update(self, message: Message, client: ClientContext) -> Message:
         phase = message.meta.get("phase", "")
-        if phase == "grad":
-            client.state["theta"] = {k: v.copy() for k, v in message.items()}
+        if phase == "grad":  # keep θ_t (private state is a flat dict of arrays) for the training phase
+            client.state.update({f"theta.{k}": v.copy() for k, v in message.items()})
             return self._gradient_phase(message, client)
         if phase == "train":
-            params = client.state.pop("theta")
+            kept = [k for k in client.state if k.startswith("theta.")]
+            params = {k.removeprefix("theta."): client.state.pop(k) for k in kept}
             weights = torch.as_tensor(message["lambda"])
         else:
             params = dict(message)
