@@ -10,6 +10,7 @@ import torch
 from collabalign.cli import CONFIG_DIR, main
 from collabalign.data.paths import shared_data_dir
 from collabalign.experiments.firm import lm
+from collabalign.experiments.firm.lm_setup import LMRunner
 from collabalign.models.backbones import smollm2_tokenizer, tiny_llama
 
 needs_data = pytest.mark.skipif(shared_data_dir() is None, reason="../shared/data not found")
@@ -34,7 +35,7 @@ def stand_ins(root):
 
 @pytest.mark.real
 @needs_data
-def test_gpu_config_runs_end_to_end_on_tiny_stand_ins(tmp_path, capsys):
+def test_gpu_config_runs_end_to_end_on_tiny_stand_ins_and_resumes_from_its_cached_runs(tmp_path, monkeypatch):
     stand_ins(tmp_path)
     out = tmp_path / "run"
     overrides = [f"lm.model={tmp_path / 'policy'}", "lm.device=cpu", "hf_rewards.device=cpu",
@@ -42,8 +43,8 @@ def test_gpu_config_runs_end_to_end_on_tiny_stand_ins(tmp_path, capsys):
                  f"hf_rewards.helpful_alt={tmp_path / 'helpful'}", "lm.seeds=3", "lm.clients=2", "lm.rounds=1",
                  "lm.batches=1", "lm.batch_size=2", "lm.minibatch=2", "lm.max_new_tokens=3", "lm.eval_prompts=2",
                  "lm.prompts_per_source=8", "lm.beta_sweep=[0.0,0.05]", "lm.preferences=[0.1,1.0,10.0]"]
-    assert main(["run", str(CONFIG_DIR / "firm" / "gpu_tinyllama.yaml"), *overrides, "--out", str(out),
-                 "--no-progress"]) == 0
+    args = ["run", str(CONFIG_DIR / "firm" / "gpu_tinyllama.yaml"), *overrides, "--out", str(out), "--no-progress"]
+    assert main(args) == 0
     summary = json.loads((out / "summary.json").read_text())
     names = {c["name"] for c in summary["claims"]}
     assert {c.name for c in lm.CLAIMS} <= names
@@ -58,6 +59,14 @@ def test_gpu_config_runs_end_to_end_on_tiny_stand_ins(tmp_path, capsys):
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     firm = [r for r in records if r.get("arm") == "firm" and r["seed"] == 0]
     assert [r["round"] for r in firm] == [0, 1] and 0 <= firm[-1]["eval_harmless"] <= 1
+    # a second run into the same folder reads every (arm, seed) run back instead of training again
+    first = (out / "metrics.jsonl").read_bytes()
+    monkeypatch.setattr(LMRunner, "run", lambda *a, **k: pytest.fail("a cached run was trained again"))
+    assert main(args) == 0
+    assert (out / "metrics.jsonl").read_bytes() == first
+    # a setting that changes the numbers invalidates the cache
+    with pytest.raises(pytest.fail.Exception, match="trained again"):
+        main([*args[:-3], "lm.actor_lr=0.001", *args[-3:]])
 
 
 def test_not_run_records_every_declared_claim():

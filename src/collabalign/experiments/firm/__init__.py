@@ -12,7 +12,7 @@ from pathlib import Path
 from collabalign.config import Strict
 from collabalign.data.paths import shared_data_dir
 from collabalign.experiments.firm import lm, momdp, quadratic, reward_models, solver_checks, toy
-from collabalign.experiments.firm.lm_setup import LMConfig
+from collabalign.experiments.firm.lm_setup import LMConfig, fingerprint
 from collabalign.experiments.firm.momdp import MOMDPConfig
 from collabalign.experiments.firm.quadratic import QuadraticConfig
 from collabalign.experiments.firm.reward_models import HFRewardsConfig, RewardModelsConfig
@@ -64,4 +64,6 @@ def language_model_parts(cfg: Config, seeds: Seeds, run_dir: RunDir, progress: b
     root = Path(cfg.rewards.data_dir) if cfg.rewards.data_dir else shared_data_dir()
     if rewards is None or root is None:
         return [*parts, lm.not_run_part("no reward models or no data folder (../shared/data, $COLLABALIGN_DATA)")]
-    return [*parts, lm.part(cfg.lm, rewards, seeds, run_dir, root, progress)]
+    context = {"seed": cfg.seed, "rewards": cfg.rewards.model_dump(mode="json", exclude={"run"}),
+               "hf_rewards": cfg.hf_rewards.model_dump(mode="json") if cfg.hf_rewards else None}
+    return [*parts, lm.part(cfg.lm, rewards, seeds, run_dir, root, fingerprint(cfg.lm, context), progress)]

@@ -5,15 +5,18 @@ evaluated rounds."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import numpy as np
 
 from collabalign import claims
-from collabalign.comm import Message
+from collabalign.comm import Ledger, Message
 from collabalign.data.safety_prompts import safety_prompts
 from collabalign.experiments.firm import lm_plots
 from collabalign.experiments.firm.common import tagged
-from collabalign.experiments.firm.lm_setup import LMConfig, LMRunner, arms
-from collabalign.runs import Part, RunDir
+from collabalign.experiments.firm.lm_setup import Arm, LMConfig, LMRunner, arms
+from collabalign.runs import Part, RunDir, atomic_write_text
 from collabalign.seeding import Seeds
 
 REWARD_MARGIN = 0.02  # a reward difference smaller than this (on [0, 1]) is "comparable" (declared a priori)
@@ -64,8 +67,27 @@ def final(records: list[dict], key: str, last: int = 2) -> float:
     return float(np.mean(values[-last:]))
 
 
-def part(cfg: LMConfig, rewards, seeds: Seeds, run_dir: RunDir, data_root, progress: bool) -> Part:
-    """Every switched-on arm over cfg.seeds seeds, then the claims, plots and Table 1 samples."""
+def cached_run(runner: LMRunner, arm: Arm, seed: int, folder: Path, fingerprint: str, progress: bool) -> dict:
+    """One (arm, seed) run's records, ledger rows and Table 1 samples, read from `folder` when a run with the same
+    fingerprint (every setting that changes its numbers) finished there before, else run and saved: a main run
+    killed midway, or split across processes (lm.only) into one folder, continues to the same results."""
+    path = folder / f"{arm.name.replace('/', '_')}__seed{seed}.json"
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved["fingerprint"] == fingerprint:
+            return saved
+    records, ledger = runner.run(arm, seed, progress)
+    wants_samples = seed == 0 and (arm.name == "firm" or arm.name.startswith("p1/p2"))
+    done = {"fingerprint": fingerprint, "records": records, "ledger": [list(row) for row in ledger.rows],
+            "samples": runner.samples() if wants_samples else None}
+    atomic_write_text(path, json.dumps(done))
+    return done
+
+
+def part(cfg: LMConfig, rewards, seeds: Seeds, run_dir: RunDir, data_root, fingerprint: str,
+         progress: bool) -> Part:
+    """Every switched-on arm over cfg.seeds seeds (each (arm, seed) run cached in run_dir/lm_runs under
+    `fingerprint`), then the claims, plots and Table 1 samples."""
     runner = LMRunner(cfg, None, rewards, seeds)
     runner.prompts = safety_prompts(data_root, cfg.prompts_per_source, cfg.eval_prompts, runner.prompt_tokens,
                                     cfg.max_prompt_tokens,
@@ -76,13 +98,13 @@ def part(cfg: LMConfig, rewards, seeds: Seeds, run_dir: RunDir, data_root, progr
     for arm in arms(cfg):
         results[arm.name] = []
         for s in range(cfg.seeds):
-            recs, ledger = runner.run(arm, s, progress)
-            results[arm.name].append(recs)
-            records += [{"part": "lm", "arm": arm.name, "seed": s, **r} for r in recs]
+            done = cached_run(runner, arm, s, run_dir.path / "lm_runs", fingerprint, progress)
+            results[arm.name].append(done["records"])
+            records += [{"part": "lm", "arm": arm.name, "seed": s, **r} for r in done["records"]]
             if s == 0:
-                ledgers[arm.name] = ledger
-                if arm.name.startswith("p1/p2") or arm.name == "firm":
-                    samples[arm.name] = runner.samples()
+                ledgers[arm.name] = Ledger([tuple(row) for row in done["ledger"]])
+                if done["samples"] is not None:
+                    samples[arm.name] = done["samples"]
     decided = decide(cfg, results, ledgers, runner)
     earlier = {k: v for k, v in run_dir.read_ledgers().items() if not k.startswith("lm ")}  # the synthetic parts'
     run_dir.write_ledgers({**earlier, **{f"lm {arm} seed 0": led for arm, led in ledgers.items()}})

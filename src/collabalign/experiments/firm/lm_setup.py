@@ -3,6 +3,8 @@ evaluator and one federated run per (arm, seed). `lm.py` declares the claims and
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Annotated
 
@@ -89,6 +91,16 @@ def arms(cfg: LMConfig) -> list[Arm]:
             raise ValueError(f"lm.only names arms the config does not switch on: {sorted(unknown)}")
         out = [a for a in out if a.name in cfg.only]
     return out
+
+
+SELECTION = {"run", "seeds", "only", "rq1", "beta_sweep", "preferences", "ablations"}  # which runs, not their numbers
+
+
+def fingerprint(cfg: LMConfig, context: dict) -> str:
+    """A hash of every setting that changes an (arm, seed) run's numbers: the LM config less the run selection,
+    plus `context` (the experiment seed and the reward models' config)."""
+    settings = {**cfg.model_dump(mode="json", exclude=SELECTION), **context}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class LMRunner:
