@@ -114,6 +114,10 @@ def part(cfg: LMConfig, rewards, seeds: Seeds, run_dir: RunDir, data_root, finge
              f"of {cfg.batch_size}, {cfg.max_new_tokens} new tokens, {cfg.seeds} seeds; {len(runner.prompts.train)} "
              f"train and {len(runner.prompts.eval)} held-out prompts ({runner.prompts.dropped_long} longer than "
              f"{cfg.max_prompt_tokens} tokens left out).{label}"]
+    if not claims.confirmed(decided[0]):
+        notes.append(f"**Learning not shown:** \"{LEARNED.name}\" is {decided[0]['verdict']}, so the comparisons "
+                     "between arms below rank methods on a task this run did not show to be learned; read them as "
+                     "checks that the arms behave alike, not as evidence for the paper's orderings.")
     notes.append(table1(cfg.samples, samples))
     metrics = {"lm": {arm: {"final_helpful": [final(r, "eval_helpful") for r in runs],
                             "final_harmless": [final(r, "eval_harmless") for r in runs],
