@@ -22,7 +22,16 @@ from collabalign.comm import Message
 from collabalign.federation.protocol import ClientContext
 from collabalign.methods.fedavg import weighted_average
 from collabalign.methods.firm.solver import solve
-from collabalign.policy import AdaptiveKL, Policy, PPOConfig, objective_gradients, ppo_losses, ppo_update, prepare
+from collabalign.policy import (
+    AdaptiveKL,
+    Policy,
+    PPOConfig,
+    objective_gradients,
+    optimizers,
+    ppo_losses,
+    ppo_update,
+    prepare,
+)
 from collabalign.policy.state import load_optimizer, save_optimizer
 from collabalign.seeding import Seeds
 
@@ -126,7 +135,7 @@ class FederatedPPO:
     def _gradient_phase(self, message: Message, client: ClientContext) -> Message:
         """FedCMOO-A's first pass: the M per-objective PPO gradients on one fresh batch at θ_t (uploaded whole)."""
         self.policy.load_adapter_state(dict(message))
-        self._restore(client)
+        self._restore_value_heads(client)
         kl = AdaptiveKL.from_state(client.state, self.ppo)
         rollout, rewards = self._batch(client)
         batch = prepare(self.policy, rollout, rewards, kl.value, self.ppo)
@@ -155,15 +164,19 @@ class FederatedPPO:
 
     def _restore(self, client: ClientContext):
         """The client's persistent actor and critic Adam states and value heads (fresh on its first round)."""
-        actor = torch.optim.Adam(self.policy.adapter_params(), lr=self.ppo.actor_lr)
-        critic = torch.optim.Adam(self.policy.value_params(), lr=self.ppo.critic_lr)
-        if "value.weight" in client.state:
-            self.policy.load_value_state(client.state)
+        actor, critic = optimizers(self.policy, self.ppo)
+        if self._restore_value_heads(client):
             load_optimizer(actor, client.state, "actor")
             load_optimizer(critic, client.state, "critic")
-        else:
-            self.policy.reset_value_heads()
         return actor, critic
+
+    def _restore_value_heads(self, client: ClientContext) -> bool:
+        """The client's value heads (zero on its first round); True when it had saved ones."""
+        if "value.weight" not in client.state:
+            self.policy.reset_value_heads()
+            return False
+        self.policy.load_value_state(client.state)
+        return True
 
     def _save(self, client: ClientContext, actor, critic, kl: AdaptiveKL) -> None:
         client.state.update(self.policy.value_state())
