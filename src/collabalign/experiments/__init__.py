@@ -6,6 +6,7 @@ EXPERIMENTS: dict[str, str] = {
     "affpcl": "collabalign.experiments.affpcl",
     "firm": "collabalign.experiments.firm",
     "fslora": "collabalign.experiments.fslora",
+    "meta-reward": "collabalign.experiments.meta_reward",
     "pshare-lora": "collabalign.experiments.pshare_lora",
     "quickstart": "collabalign.experiments.quickstart",
 }

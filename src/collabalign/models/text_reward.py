@@ -209,6 +209,25 @@ def check_tokenizers(policy_tokenizer, reward_tokenizer, policy_name: str | None
             raise ValueError(f"{head}: {probe!r} is {a[:6]} vs {b[:6]}")
 
 
+def check_readable(reward_tokenizer, texts: Sequence[str], reward_name: str | None = None,
+                   max_unknown: float = 0.05) -> None:
+    """For a reward model that re-tokenises the policy's decoded text: raises a one-line ValueError when its
+    tokeniser maps more than `max_unknown` of the tokens of `texts` (e.g. the policy's outputs or responses) to its
+    unknown token, i.e. it cannot read them."""
+    unk = getattr(reward_tokenizer, "unk_token_id", None)
+    rows = reward_tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+    total = sum(len(r) for r in rows)
+    if unk is None or total == 0:
+        return
+    unknown = sum(t == unk for r in rows for t in r) / total
+    if unknown > max_unknown:
+        worst = max(texts, key=lambda t: sum(i == unk for i in reward_tokenizer(t, add_special_tokens=False)
+                                             ["input_ids"]))
+        raise ValueError(f"reward model {reward_name or _vocab_name(reward_tokenizer)} cannot read the policy's "
+                         f"text: {unknown:.0%} of its tokens are unknown (over {max_unknown:.0%}), e.g. "
+                         f"{worst[:60]!r}")
+
+
 class HFRewardModel:
     """Any Hugging Face sequence-classification reward model (name or local path), scored on
     template.format(prompt=, response=) and normalised by a sigmoid of its first logit. With

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -49,6 +50,7 @@ class Policy(nn.Module):
         self.eos_id = self.tokenizer.eos_token_id if self.tokenizer.eos_token_id is not None else min(eos)
         self.register_buffer("eos_ids", torch.tensor(sorted(eos), device=device), persistent=False)
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.eos_id
+        self.reference_state: dict[str, np.ndarray] | None = None
         self.eval()
 
     @property
@@ -107,9 +109,22 @@ class Policy(nn.Module):
                     raise ValueError(f"adapter state {name}: shape {tuple(value.shape)}, expected {tuple(p.shape)}")
                 p.copy_(value)
 
+    def set_reference(self, state: dict[str, np.ndarray] | None) -> None:
+        """The reference policy of `reference()`: None (the default) is the adapters-off base model; an adapter state
+        (e.g. an SFT policy's, as PPO and DPO use in the meta-reward paper) is swapped in instead."""
+        self.reference_state = None if state is None else {k: np.array(v, copy=True) for k, v in state.items()}
+
     @contextmanager
     def reference(self) -> Iterator[None]:
-        """Within the block every adapter is off: the frozen base model is the reference policy."""
+        """Within the block the policy is its reference: every adapter off, or the `set_reference` state loaded."""
+        if self.reference_state is not None:
+            current = self.adapter_state()
+            self.load_adapter_state(self.reference_state)
+            try:
+                yield
+            finally:
+                self.load_adapter_state(current)
+            return
         before = [layer.enabled for layer in self.layers]
         for layer in self.layers:
             layer.enabled = False
@@ -141,13 +156,17 @@ class Policy(nn.Module):
 
     @torch.no_grad()
     def generate(self, prompts: list[str], max_new_tokens: int, *, generator: torch.Generator,
-                 temperature: float = 1.0, top_p: float = 1.0, chat: bool = True,
+                 temperature: float | Tensor = 1.0, top_p: float = 1.0, chat: bool = True,
                  max_prompt_tokens: int = 256) -> Rollout:
         """Batched sampling with a KV cache, deterministic under `generator`; each row stops at EOS (kept) and is
-        padded after. temperature 0 is greedy."""
-        if max_new_tokens < 1 or temperature < 0 or not 0 < top_p <= 1:
-            raise ValueError(f"need max_new_tokens >= 1, temperature >= 0, 0 < top_p <= 1; got {max_new_tokens}, "
-                             f"{temperature}, {top_p}")
+        padded after. temperature 0 is greedy; a (B,) tensor of positive temperatures gives each row its own."""
+        if isinstance(temperature, Tensor):
+            bad_t = temperature.shape != (len(prompts),) or not bool((temperature > 0).all())
+        else:
+            bad_t = temperature < 0
+        if max_new_tokens < 1 or bad_t or not 0 < top_p <= 1:
+            raise ValueError(f"need max_new_tokens >= 1, temperature >= 0 (or one > 0 per prompt), 0 < top_p <= 1; "
+                             f"got {max_new_tokens}, {temperature}, {top_p}")
         prompt_ids, prompt_mask = self.encode(prompts, chat, max_prompt_tokens)
         mask, pos = prompt_mask, positions(prompt_mask)
         out = self.model(input_ids=prompt_ids, attention_mask=mask, position_ids=pos, use_cache=True,
@@ -186,20 +205,47 @@ class Policy(nn.Module):
         device = prompt_ids.device
         return Rollout.build(prompts, prompt_ids, prompt_mask, ids.to(device), mask.to(device), responses)
 
+    @property
+    def head_only(self) -> bool:
+        """Whether the LM head is the only adapted layer (then the trunk is frozen and its states can be cached)."""
+        return len(self.layers) == 1 and self.layers[0] is self.model.get_output_embeddings()
+
+    @torch.no_grad()
+    def trunk_states(self, rollout: Rollout) -> Tensor:
+        """The last hidden states (B, T, H) that predict each response token (the LM head's input), no grad."""
+        p = rollout.prompt_len
+        out = self.model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
+                         position_ids=positions(rollout.attention_mask), use_cache=False, logits_to_keep=1,
+                         output_hidden_states=True)
+        return out.hidden_states[-1][:, p - 1:-1]
+
+    def with_trunk(self, rollout: Rollout) -> Rollout:
+        """The rollout with its trunk states cached, so later passes (PPO epochs, DPO, MLE) cost only the LM head.
+        Only valid while the head is the sole adapted layer."""
+        if not self.head_only:
+            raise ValueError("trunk states can be cached only when the LM head is the only adapted layer "
+                             "(build the policy with targets=('lm_head',))")
+        return replace(rollout, trunk=self.trunk_states(rollout))
+
     def _forward(self, rollout: Rollout, values: bool) -> tuple[Tensor, Tensor | None]:
         """One pass over the rollout: response log-probs (B, T), zero where masked, and optionally values (B, T, M),
-        V[:, t] being the value of the state before response token t."""
+        V[:, t] being the value of the state before response token t. With cached trunk states only the head runs."""
         p, t = rollout.prompt_len, rollout.input_ids.shape[1] - rollout.prompt_len
-        out = self.model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
-                         position_ids=positions(rollout.attention_mask), use_cache=False, logits_to_keep=t + 1,
-                         output_hidden_states=values)
-        logits = out.logits[:, :-1].float()
+        if rollout.trunk is not None:
+            hidden = rollout.trunk
+            logits = self.model.get_output_embeddings()(hidden).float()
+        else:
+            out = self.model(input_ids=rollout.input_ids, attention_mask=rollout.attention_mask,
+                             position_ids=positions(rollout.attention_mask), use_cache=False, logits_to_keep=t + 1,
+                             output_hidden_states=values)
+            logits = out.logits[:, :-1].float()
+            hidden = out.hidden_states[-1][:, p - 1:-1] if values else None
         targets = rollout.input_ids[:, p:]
         logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - logits.logsumexp(-1)
         logprobs = logprobs.masked_fill(~rollout.mask, 0.0)
         if not values:
             return logprobs, None
-        return logprobs, self.value_head(out.hidden_states[-1][:, p - 1:-1].detach().float())
+        return logprobs, self.value_head(hidden.detach().float())
 
     def forward(self, rollout: Rollout) -> tuple[Tensor, Tensor]:
         """Response log-probs (B, T) and values (B, T, M) from the same forward (what PPO needs)."""

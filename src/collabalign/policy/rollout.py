@@ -11,7 +11,9 @@ from torch import Tensor
 @dataclass
 class Rollout:
     """B prompt/response pairs: `input_ids` (B, P+T) is each prompt left-padded to P then its response right-padded to
-    T; `attention_mask` marks real tokens, `response_mask` (bool) the response ones (EOS included when emitted)."""
+    T; `attention_mask` marks real tokens, `response_mask` (bool) the response ones (EOS included when emitted).
+    `trunk` (B, T, H), when set by `Policy.with_trunk`, holds the frozen trunk's last hidden states that predict each
+    response token, so a policy whose only adapter is on its LM head never runs the trunk on this batch again."""
 
     prompts: list[str]
     input_ids: Tensor
@@ -19,6 +21,7 @@ class Rollout:
     response_mask: Tensor
     prompt_len: int
     responses: list[str]
+    trunk: Tensor | None = None
 
     def __len__(self) -> int:
         """B, the number of prompt/response pairs."""
@@ -42,4 +45,5 @@ class Rollout:
         """The sub-batch at `rows` (a minibatch), with the same P and T."""
         idx = rows.tolist()
         return Rollout([self.prompts[i] for i in idx], self.input_ids[rows], self.attention_mask[rows],
-                       self.response_mask[rows], self.prompt_len, [self.responses[i] for i in idx])
+                       self.response_mask[rows], self.prompt_len, [self.responses[i] for i in idx],
+                       None if self.trunk is None else self.trunk[rows])

@@ -6,10 +6,13 @@ import torch
 from torch import Tensor
 
 
-def sample_next(logits: Tensor, temperature: float, top_p: float, generator: torch.Generator) -> Tensor:
+def sample_next(logits: Tensor, temperature: float | Tensor, top_p: float, generator: torch.Generator) -> Tensor:
     """One token per row (B, V) -> (B,): greedy at temperature 0, else nucleus sampling drawn from `generator`
-    (on the generator's device, so a seed gives the same tokens wherever the model runs)."""
-    if temperature == 0:
+    (on the generator's device, so a seed gives the same tokens wherever the model runs). A (B,) tensor of positive
+    temperatures samples each row at its own temperature (one batch for several temperatures)."""
+    if isinstance(temperature, Tensor):
+        temperature = temperature.to(logits.device, torch.float32)[:, None]
+    elif temperature == 0:
         return logits.argmax(-1)
     probs = torch.softmax(logits.float() / temperature, -1).to(generator.device)
     if top_p >= 1.0:
