@@ -1,6 +1,6 @@
 """Cost of the meta-reward hypergradient against the number of inner steps D, from one run.
 
-Setup: SmolLM2-135M-Instruct with LoRA r = 8 on its LM head over cached trunk states (the sentiment task's policy),
+Setup: SmolLM2-135M-Instruct with LoRA r = 8 on its LM head over cached trunk states, full vocabulary (the costly case),
 32 review-like responses of about 28 tokens, a linear reward on 16 random features, B_in = 8, 8 outer pairs. One
 call = D inner SGD steps of reward-weighted MLE, then the reverse pass (one double backward per step: a
 Hessian-vector product and the step's φ-gradient), keeping θ_0..θ_D but no unrolled graph. The same is timed on the
@@ -40,7 +40,7 @@ def lm_problem(tiny: bool):
                  for _ in range(32)]
     cache = cache_responses(policy, ["Continue this kitchen product review, which begins: \"I bought\""] * 32,
                             responses)
-    head = HeadAdapter(policy, cache)
+    head = HeadAdapter(policy, cache, full_vocab=True)  # the full 49,152-token softmax: the costly case
     features = torch.randn(32, 16, generator=gen, dtype=torch.float64)
 
     def objective(theta, phi, rows):

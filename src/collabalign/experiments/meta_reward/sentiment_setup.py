@@ -246,11 +246,12 @@ class Cell:
             print(f"meta-reward [{self.held_out} seed {self.seeds.seed}] {text}", flush=True)
 
     def _validate_rwr(self, reward, phi, beta: float) -> float:
-        """Mean A_PL on the training domains' validation pairs of Algorithm-2 policies fitted on each of them."""
+        """Mean A_PL on the training domains' validation pairs of D-step Algorithm-2 policies fitted on each of them
+        (the regime meta-training selects φ in)."""
         cfg, scores = self.cfg, []
         for d in self.train:
             dom = self.task.domains[d]
-            theta = meta_test(self.task, self.theta_sft, reward, phi, dom.rows, beta, self.lr, cfg.test_steps,
+            theta = meta_test(self.task, self.theta_sft, reward, phi, dom.rows, beta, self.lr, cfg.inner_steps,
                               cfg.batch, self.gen(f"validate/{d}"), weight_norm=self.norm)
             scores.append(preference_accuracy(self.task, theta, dom.validation))
         return float(np.mean(scores))
