@@ -118,14 +118,16 @@ class HeadAdapter:
             handle.remove()
 
     def token_logprobs(self, theta: Sequence[Tensor], rows: Tensor) -> Tensor:
-        """log π_θ(y_t | x, y_<t) (n, T) for the cached responses at `rows`, zero past each response's end."""
-        h = self.cache.hidden[rows].to(self.weight)
+        """log π_θ(y_t | x, y_<t) (n, t) for the cached responses at `rows`, t their longest length (the cache's
+        padding past it is never computed), zero past each response's end."""
+        t = int(self.cache.mask[rows].sum(1).max())
+        h = self.cache.hidden[rows, :t].to(self.weight)
         logits = h @ self.weight.T + self.layer.scale * (h @ theta[0].T) @ theta[1].T
         if self.bias is not None:
             logits = logits + self.bias
         device = logits.device
-        targets, mask = self.local_targets[rows].to(device), self.cache.mask[rows].to(device)
-        normaliser = torch.logaddexp(logits.logsumexp(-1), self.outside[rows].to(device))
+        targets, mask = self.local_targets[rows, :t].to(device), self.cache.mask[rows, :t].to(device)
+        normaliser = torch.logaddexp(logits.logsumexp(-1), self.outside[rows, :t].to(device))
         logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - normaliser
         return logprobs.masked_fill(~mask, 0.0)
 
