@@ -149,7 +149,8 @@ class LinearHead:
         return ((x - self.mean) / self.scale) @ self.weight + self.bias
 
 
-def _standardiser(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def standardiser(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Per-feature mean and scale (std, 1 where a feature is constant), to standardise x as (x - mean) / scale."""
     scale = x.std(0)
     return x.mean(0), np.where(scale > 1e-8, scale, 1.0)
 
@@ -157,7 +158,7 @@ def _standardiser(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def fit_logistic(x: np.ndarray, y: np.ndarray, c: float) -> LinearHead:
     """P(y = 1 | x) by L2-regularised logistic regression (inverse strength `c`) on standardised features;
     deterministic (lbfgs)."""
-    mean, scale = _standardiser(x)
+    mean, scale = standardiser(x)
     model = LogisticRegression(C=c, max_iter=5000).fit((x - mean) / scale, np.asarray(y, dtype=int))
     return LinearHead(mean, scale, model.coef_[0].astype(np.float64), float(model.intercept_[0]))
 
@@ -166,7 +167,7 @@ def fit_bradley_terry(x_chosen: np.ndarray, x_rejected: np.ndarray, c: float) ->
     """A linear Bradley–Terry reward from pairs: P(chosen > rejected) = sigmoid(r(chosen) - r(rejected)), fitted as
     L2-regularised logistic regression without intercept on both orders of each difference. The reward's level
     is free under BT; it is set so the training replies' mean logit is 0 (their rewards centre on 0.5)."""
-    mean, scale = _standardiser(np.vstack([x_chosen, x_rejected]))
+    mean, scale = standardiser(np.vstack([x_chosen, x_rejected]))
     diff = (x_chosen - x_rejected) / scale
     y = np.r_[np.ones(len(diff)), np.zeros(len(diff))].astype(int)
     model = LogisticRegression(C=c, fit_intercept=False, max_iter=5000).fit(np.vstack([diff, -diff]), y)

@@ -30,7 +30,7 @@ from collabalign.methods.meta_reward.text import (
 )
 from collabalign.models.backbones import load_backbone
 from collabalign.models.sentiment_judge import SentimentJudge
-from collabalign.models.text_reward import SentenceEncoder, check_readable
+from collabalign.models.text_reward import SentenceEncoder, check_readable, standardiser
 from collabalign.policy import Policy, PPOConfig
 from collabalign.policy.head import HeadAdapter, HeadCache, cache_responses
 from collabalign.seeding import Seeds
@@ -127,11 +127,6 @@ class Setup:
     lr_scores: dict[str, float] | None = None
 
 
-def _stats(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    scale = x.std(0)
-    return x.mean(0), np.where(scale > 1e-8, scale, 1.0)
-
-
 def build(cfg: SentimentConfig, root: Path, seed: int, cache_dir: Path, progress: bool) -> Setup:
     """Loads the domains, builds the policy (LoRA on the LM head only), caches every response's trunk states
     (once per model and text set, as safetensors under `cache_dir`) and MiniLM features, and fits one judge per
@@ -157,7 +152,7 @@ def build(cfg: SentimentConfig, root: Path, seed: int, cache_dir: Path, progress
         cache_dir.mkdir(parents=True, exist_ok=True)
         save_file({"hidden": cache.hidden.contiguous(), "targets": cache.targets, "mask": cache.mask}, str(path))
     raw = encoder([r for _, r in texts], remember=True)
-    mean, scale = _stats(raw)
+    mean, scale = standardiser(raw)
     task = TextTask(HeadAdapter(policy, cache), torch.as_tensor((raw - mean) / scale, dtype=torch.float64))
     judges = {d: SentimentJudge(cfg.opening_words, cfg.response_words, seed=seed).fit(load_domain(root / AMAZON_DIR,
                                                                                                   d))
