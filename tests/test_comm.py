@@ -1,7 +1,9 @@
+import json
+
 import numpy as np
 import pytest
 
-from collabalign.comm import Ledger, Message
+from collabalign.comm import Ledger, Message, MessageError
 from collabalign.runs import RunDir
 
 
@@ -46,3 +48,39 @@ def test_ledger_totals_and_csv(tmp_path):
     assert run.read_ledgers()["m"].rows == led.rows
     with pytest.raises(ValueError, match="direction"):
         led.record(0, "c0", "sideways", 1)
+
+
+def _wire(header: dict, body: bytes = b"") -> bytes:
+    raw = json.dumps(header).encode()
+    return len(raw).to_bytes(8, "little") + raw + body
+
+
+VALID = Message({"B": np.arange(6, dtype=np.float32).reshape(2, 3), "idx": np.array([1, 2], np.int64)},
+                meta={"round": 1}).serialise()
+CORRUPT = {
+    "empty": b"",
+    "truncated": VALID[:-3],
+    "header_only_half": VALID[:20],
+    "random": bytes(range(256)) * 4,
+    "bad_header_json": (5).to_bytes(8, "little") + b"{bad}",
+    "header_length_beyond_data": (10**6).to_bytes(8, "little") + VALID[8:],
+    "bad_metadata_json": _wire({"__metadata__": {"meta": "{not json"}}),
+    "non_dict_metadata": _wire({"__metadata__": {"meta": "[1, 2]"}}),
+    "wrong_dtype_string": _wire({"x": {"dtype": "BOGUS", "shape": [1], "data_offsets": [0, 4]}}, b"\0" * 4),
+    "dtype_numpy_lacks": _wire({"x": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}, b"\0" * 4),
+    "shape_does_not_match_bytes": _wire({"x": {"dtype": "F32", "shape": [3], "data_offsets": [0, 4]}}, b"\0" * 4),
+    "deeply_nested_metadata": _wire({"__metadata__": {"meta": "[" * 100_000 + "]" * 100_000}}),
+}
+
+
+@pytest.mark.parametrize("data", CORRUPT.values(), ids=CORRUPT.keys())
+def test_corrupt_bytes_raise_one_message_error(data):
+    with pytest.raises(MessageError) as err:
+        Message.deserialise(data)
+    assert isinstance(err.value, ValueError) and "\n" not in str(err.value)
+
+
+def test_valid_messages_round_trip_exactly():
+    back = Message.deserialise(VALID)
+    assert back.serialise() == VALID and set(back) == {"B", "idx"} and back.meta == {"round": 1}
+    assert Message.deserialise(_wire({"__metadata__": None})).meta == {}  # a plain safetensors file: no metadata

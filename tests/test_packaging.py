@@ -12,7 +12,7 @@ from packaging.requirements import Requirement
 ROOT = Path(__file__).resolve().parents[1]
 OPTIONAL = {"datasets"}  # imported lazily by the hub loaders only, declared in the `hub` extra
 # modules that come with a declared distribution rather than under their own name
-BUNDLED = {"ray": "flwr", "sklearn": "scikit-learn", "yaml": "pyyaml"}
+BUNDLED = {"cryptography": "flwr", "ray": "flwr", "sklearn": "scikit-learn", "yaml": "pyyaml"}
 
 
 def declared() -> dict[str, Requirement]:

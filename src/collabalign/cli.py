@@ -1,21 +1,29 @@
-"""`collabalign run CONFIG [a.b=value ...]`, `reproduce NAME|all [--quick] [--out DIR]`, `report RUN_DIR`, `list`."""
+"""`collabalign run CONFIG [a.b=value ...] [--out DIR] [--force]`, `resume RUN_DIR`, `reproduce NAME|all [--quick]
+[--out DIR]`, `report DIR`, `list`."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import shutil
 import sys
 import time
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from collabalign.config import ConfigError, apply_overrides, read_yaml, validate
+from pydantic import ValidationError
+
+from collabalign.comm import MessageError
+from collabalign.config import ConfigError, apply_overrides, field_problems, read_yaml, validate
+from collabalign.data.errors import DataError
 from collabalign.experiments import EXPERIMENTS
+from collabalign.federation.engine import RoundFailed
 from collabalign.report import summarise_reports, write_report
 from collabalign.runs import RunDir
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+USER_ERRORS = (ConfigError, DataError, MessageError, ValidationError)  # one line and exit code 2, never a traceback
 
 
 def _experiment(name: str) -> ModuleType:
@@ -28,8 +36,8 @@ def load_config(path: Path, overrides: list[str] = ()) -> tuple[str, ModuleType,
     """A config file with overrides -> (experiment name, its module, its validated Config, smoke flag)."""
     data = apply_overrides(read_yaml(path), list(overrides))
     name = data.pop("experiment", None)
-    if name is None:
-        raise ConfigError(f"{path}: missing key 'experiment' (one of {', '.join(sorted(EXPERIMENTS))})")
+    if not isinstance(name, str):
+        raise ConfigError(f"{path}: experiment = {name!r}: must be one of {', '.join(sorted(EXPERIMENTS))}")
     smoke = data.pop("smoke", False)  # a quick config: its report says it is a low-power smoke run
     if not isinstance(smoke, bool):
         raise ConfigError(f"{path}: smoke = {smoke!r}: must be true or false")
@@ -37,15 +45,89 @@ def load_config(path: Path, overrides: list[str] = ()) -> tuple[str, ModuleType,
     return name, module, validate(module.Config, data, str(path)), smoke
 
 
-def run_config(path: Path, overrides: list[str], out: Path | None, progress: bool = True) -> Path:
-    """Validates the config, runs its experiment into a run directory and writes the report; returns report.md."""
+def run_config(path: Path, overrides: list[str], out: Path | None, progress: bool = True, force: bool = False) -> Path:
+    """Validates the config, runs its experiment into a run directory and writes the report; returns report.md.
+
+    A folder that already holds this config continues it (finished simulations and cached parts are read back);
+    one holding anything else is refused unless `force`, which also drops its stale checkpoints."""
+    path = resolve_config(path)
     name, module, cfg, smoke = load_config(path, overrides)
-    run = RunDir(out or Path("runs") / f"{name}-{path.stem}")
-    run.write_config({"experiment": name, "smoke": smoke, **cfg.model_dump(mode="json")})
+    config = {"experiment": name, "smoke": smoke, **cfg.model_dump(mode="json")}
+    target = out or Path("runs") / f"{name}-{path.stem}"
+    _claim_folder(target, config, force)
+    run = RunDir(target)
+    run.write_config(config)
+    return _execute(run, name, module, cfg, progress)
+
+
+def _claim_folder(target: Path, config: dict[str, Any], force: bool) -> None:
+    if not target.exists() or not any(target.iterdir()):
+        return
+    if not target.is_dir():
+        raise ConfigError(f"{target}: not a directory")
+    if RunDir(target).read_config() == config:
+        return
+    if not force:
+        raise ConfigError(f"{target}: holds other files or a run of a different config; choose another --out, "
+                          "or --force to reuse it")
+    shutil.rmtree(target / "checkpoints", ignore_errors=True)
+
+
+def _execute(run: RunDir, name: str, module: ModuleType, cfg: Any, progress: bool) -> Path:
+    """Runs the experiment in `run` with its status file kept current (a crash leaves 'failed' and the error)."""
+    run.write_status("running")
     start = time.perf_counter()
-    module.run(cfg, run, progress)
+    try:
+        with run.active():
+            module.run(cfg, run, progress)
+    except BaseException as err:
+        run.write_status("failed", f"{type(err).__name__}: {err}".splitlines()[0])
+        if isinstance(err, RoundFailed):
+            raise RoundFailed(f"{err}; `collabalign resume {run.path}` continues from the last completed round") \
+                from None
+        raise
+    run.write_status("finished")
     print(f"{name}: finished in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return write_report(run.path, module.TITLE)
+
+
+def resume(run_dir: Path, progress: bool = True) -> Path:
+    """Continues the run in `run_dir` from its config snapshot and checkpoints (see `RunDir.next_checkpoint`)."""
+    run = RunDir(run_dir) if (run_dir / "config.yaml").exists() else None
+    if run is None:
+        raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
+    config = run.read_config()
+    name = config.pop("experiment", None)
+    smoke = config.pop("smoke", False)
+    module = _experiment(str(name))
+    cfg = validate(module.Config, config, str(run_dir / "config.yaml"))
+    if run.read_status().get("status") == "finished":
+        print(f"{run_dir}: already finished", file=sys.stderr)
+        return write_report(run.path, module.TITLE)
+    run.write_config({"experiment": name, "smoke": smoke, **cfg.model_dump(mode="json")})
+    return _execute(run, str(name), module, cfg, progress)
+
+
+def report(folder: Path) -> Path:
+    """Rewrites report.md of a run folder (finished, failed or killed), or of every run below a `reproduce` folder
+    and its index."""
+    if (folder / "config.yaml").exists():
+        name = RunDir(folder).read_config().get("experiment")
+        return write_report(folder, _experiment(name).TITLE if name in EXPERIMENTS else "")
+    runs = sorted(p.parent for p in folder.glob("*/config.yaml")) if folder.is_dir() else []
+    if not runs:
+        raise ConfigError(f"{folder}: not a run directory (no config.yaml) nor a folder of runs")
+    for run in runs:
+        report(run)
+    return summarise_reports([r for r in runs if (r / "summary.json").exists()], folder)
+
+
+def resolve_config(path: Path) -> Path:
+    """A config file, or a shipped config by the name `collabalign list` prints (e.g. quickstart/main)."""
+    if path.exists() or len(path.parts) != 2:
+        return path
+    shipped = config_dir(path.parts[0]) / f"{path.parts[1]}.yaml"
+    return shipped if shipped.exists() else path
 
 
 def config_dir(name: str) -> Path:
@@ -57,13 +139,24 @@ def config_path(name: str, quick: bool) -> Path:
     return config_dir(name) / ("quick.yaml" if quick else "main.yaml")
 
 
+def error_line(err: Exception) -> str:
+    """A user error in one line, 'file: field: problem'; a multi-line message's lines are joined with '; '."""
+    if isinstance(err, ValidationError):
+        return f"{err.title}: invalid value(s): " + "; ".join(field_problems(err))
+    head, *rest = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
+    return head + (": " + "; ".join(rest) if rest else "")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="collabalign", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run one experiment config")
-    p_run.add_argument("config", type=Path)
+    p_run.add_argument("config", type=Path, help="a YAML file, or a name from `collabalign list`")
     p_run.add_argument("overrides", nargs="*", help="dotted overrides, e.g. train.lr=0.001")
     p_run.add_argument("--out", type=Path)
+    p_run.add_argument("--force", action="store_true", help="reuse an --out folder that holds another run")
+    p_resume = sub.add_parser("resume", help="continue a stopped or killed run from its checkpoints")
+    p_resume.add_argument("run_dir", type=Path)
     p_rep = sub.add_parser("reproduce", help="run a paper's reproduction (or all)")
     p_rep.add_argument("name", help=f"one of: all, {', '.join(sorted(EXPERIMENTS))}")
     p_rep.add_argument("--quick", action="store_true", help="the small CI-sized config")
@@ -71,34 +164,37 @@ def main(argv: list[str] | None = None) -> int:
     p_report = sub.add_parser("report", help="rewrite report.md of a run directory")
     p_report.add_argument("run_dir", type=Path)
     sub.add_parser("list", help="list experiments and their configs")
-    for p in (p_run, p_rep):
+    for p in (p_run, p_resume, p_rep):
         p.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:
         if args.command == "run":
-            print(run_config(args.config, args.overrides, args.out, not args.no_progress))
+            print(run_config(args.config, args.overrides, args.out, not args.no_progress, args.force))
+        elif args.command == "resume":
+            print(resume(args.run_dir, not args.no_progress))
         elif args.command == "reproduce":
             names = sorted(EXPERIMENTS) if args.name == "all" else [args.name]
             _experiment(names[0])  # validates the name before any work
             dirs = []
             for name in names:
-                report = run_config(config_path(name, args.quick), [], args.out / name, not args.no_progress)
-                dirs.append(report.parent)
-                print(report)
+                written = run_config(config_path(name, args.quick), [], args.out / name, not args.no_progress)
+                dirs.append(written.parent)
+                print(written)
             if len(names) > 1:
                 print(summarise_reports(dirs, args.out))
         elif args.command == "report":
-            if not (args.run_dir / "summary.json").exists():
-                raise ConfigError(f"{args.run_dir}: not a run directory (no summary.json)")
-            name = RunDir(args.run_dir).read_config().get("experiment")
-            print(write_report(args.run_dir, _experiment(name).TITLE if name in EXPERIMENTS else ""))
+            print(report(args.run_dir))
         else:
+            print("config name (for `collabalign run NAME`)   file")
             for name in sorted(EXPERIMENTS):
-                configs = ", ".join(sorted(str(p.relative_to(CONFIG_DIR)) for p in config_dir(name).glob("*.yaml")))
-                print(f"{name:14s} {configs}")
-    except ConfigError as err:
-        print(f"error: {err}", file=sys.stderr)
+                for path in sorted(config_dir(name).glob("*.yaml")):
+                    print(f"{name + '/' + path.stem:40s} {path}")
+    except USER_ERRORS as err:
+        print(f"error: {error_line(err)}", file=sys.stderr)
         return 2
+    except RoundFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     return 0
 
 

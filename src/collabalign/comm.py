@@ -13,10 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 _META_KEY = "meta"
+
+
+class MessageError(ValueError):
+    """Bytes that are not a valid serialised Message; the message says why in one line."""
 
 
 class Message(Mapping[str, np.ndarray]):
@@ -59,11 +64,27 @@ class Message(Mapping[str, np.ndarray]):
 
     @classmethod
     def deserialise(cls, data: bytes) -> Message:
-        """Inverse of `serialise`; keeps array order as stored (safetensors sorts names)."""
-        header_len = int.from_bytes(data[:8], "little")
-        header = json.loads(data[8 : 8 + header_len])
-        meta = json.loads(header.get("__metadata__", {}).get(_META_KEY, "{}"))
-        return cls(st_load(data), meta)
+        """Inverse of `serialise`, arrays sorted by name (the wire stores them sorted; safetensors' loader returns
+        them in hash order, which differs between processes). Bytes that are not a message (truncated, corrupt
+        header, unknown dtype, bad metadata) raise MessageError."""
+        try:
+            arrays = st_load(data)  # validates the header, offsets, shapes and lengths
+        except SafetensorError as err:
+            raise MessageError(f"not a safetensors message: {_one_line(err)}") from err
+        except KeyError as err:  # a dtype safetensors knows but numpy does not (e.g. BF16)
+            raise MessageError(f"unsupported dtype {err}") from err
+        header = json.loads(data[8 : 8 + int.from_bytes(data[:8], "little")])  # valid: st_load parsed it
+        try:
+            meta = json.loads((header.get("__metadata__") or {}).get(_META_KEY, "{}"))
+        except (json.JSONDecodeError, RecursionError) as err:
+            raise MessageError(f"metadata is not valid JSON: {_one_line(err)}") from err
+        if not isinstance(meta, dict):
+            raise MessageError(f"metadata must be a JSON object, got {type(meta).__name__}")
+        return cls({name: arrays[name] for name in sorted(arrays)}, meta)
+
+
+def _one_line(err: Exception) -> str:
+    return " ".join(str(err).split())
 
 
 @dataclass

@@ -97,10 +97,14 @@ def claims_table(claims: list[dict[str, Any]]) -> list[str]:
 def write_report(path: str | Path, title: str = "", plot_metrics: tuple[str, ...] = ()) -> Path:
     """(Re)writes report.md in the run directory from its summary.json, metrics.jsonl and ledger.csv."""
     run = RunDir(path)
-    summary = run.read_summary()
+    done = (run.path / "summary.json").exists()
+    summary = run.read_summary() if done else {"claims": [], "metrics": {}}
     records = run.read_metrics() if (run.path / "metrics.jsonl").exists() else []
     metrics_to_plot = plot_metrics or tuple(summary.get("plot_metrics", ("accuracy",)))  # [] in summary: none
     lines = [f"# {title or summary.get('title', run.path.name)}", ""]
+    status = run.read_status()
+    if status.get("status", "finished") != "finished" or not done:
+        lines += progress_lines(run, status), ""
     if run.read_config().get("smoke"):
         lines += [SMOKE_LINE, ""]
     if summary.get("notes"):
@@ -123,6 +127,18 @@ def write_report(path: str | Path, title: str = "", plot_metrics: tuple[str, ...
     out = run.path / "report.md"
     atomic_write_text(out, "\n".join(lines))
     return out
+
+
+def progress_lines(run: RunDir, status: dict[str, Any]) -> str:
+    """For a run that has not finished: its status and error, and how far each checkpointed simulation got."""
+    state = status.get("status", "unknown (no status.json)")
+    text = f"**Status: {state}**" + (f" — {status['error']}" if status.get("error") else "") + ". "
+    sims = sorted((run.path / "checkpoints").glob("*/rounds.jsonl"))
+    if not sims:
+        return text + "No completed round yet; `collabalign resume` continues the run."
+    last = {p.parent.name: json.loads(p.read_text().splitlines()[-1]) for p in sims if p.read_text().strip()}
+    return text + "Simulations so far (last completed round each): " + "; ".join(
+        f"{name}: round {rec.get('round')}" for name, rec in last.items()) + ". `collabalign resume` continues it."
 
 
 def summarise_reports(paths: list[Path], out: Path) -> Path:

@@ -6,8 +6,13 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import subprocess
 import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from importlib import metadata
 from pathlib import Path
@@ -17,6 +22,8 @@ import yaml
 
 from collabalign.comm import Ledger
 
+_UMASK = os.umask(0o022)
+os.umask(_UMASK)  # the process's umask, read once (os has no getter)
 _TRACKED_PACKAGES = ("torch", "numpy", "transformers", "peft", "flwr", "pydantic")
 
 
@@ -25,6 +32,7 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; output files are as readable as any other file
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
@@ -57,6 +65,10 @@ class Part:
     notes: list[str] = field(default_factory=list)
 
 
+_ACTIVE: ContextVar[RunDir | None] = ContextVar("collabalign_active_run", default=None)
+STATUSES = ("running", "finished", "failed")
+
+
 class RunDir:
     """One experiment's output folder."""
 
@@ -64,6 +76,34 @@ class RunDir:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
         (self.path / "plots").mkdir(exist_ok=True)
+        self._calls = 0
+
+    @contextmanager
+    def active(self) -> Iterator[RunDir]:
+        """Makes this the run that federated simulations checkpoint into (see `next_checkpoint`)."""
+        token, self._calls = _ACTIVE.set(self), 0
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+
+    def next_checkpoint(self, label: str) -> Path:
+        """The checkpoint folder of the run's next simulation, numbered in call order: a config runs its simulations
+        in the same order every time, so a resumed run finds each one's folder again."""
+        self._calls += 1
+        return self.path / "checkpoints" / f"{self._calls:04d}-{re.sub(r'[^A-Za-z0-9_.=+-]+', '_', label)[:80]}"
+
+    def write_status(self, status: str, error: str | None = None) -> None:
+        """status.json: running / finished / failed (with the error's one-line reason)."""
+        if status not in STATUSES:
+            raise ValueError(f"status must be one of {STATUSES}, got {status!r}")
+        record = {"status": status, "error": error, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+        atomic_write_text(self.path / "status.json", json.dumps(record, indent=2))
+
+    def read_status(self) -> dict[str, Any]:
+        """The run's status record ({} for a folder written before status files existed)."""
+        path = self.path / "status.json"
+        return json.loads(path.read_text()) if path.exists() else {}
 
     def write_config(self, config: dict[str, Any]) -> None:
         snapshot = {"config": config, "environment": environment()}
@@ -117,5 +157,22 @@ class RunDir:
                                                                int(row["bytes"]))
         return out
 
+    def write_arrays(self, name: str, arrays: dict[str, Any]) -> None:
+        """A safetensors file of named numpy arrays (e.g. final adapters), written atomically."""
+        from safetensors.numpy import save
+
+        path = self.path / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+        os.fchmod(fd, 0o666 & ~_UMASK)
+        with os.fdopen(fd, "wb") as f:
+            f.write(save(dict(arrays)))
+        os.replace(tmp, path)
+
     def write_json(self, name: str, data: Any) -> None:
         atomic_write_text(self.path / name, json.dumps(data, indent=2, sort_keys=True))
+
+
+def active_run() -> RunDir | None:
+    """The run directory whose experiment is running in this context (None outside `RunDir.active`)."""
+    return _ACTIVE.get()

@@ -2,9 +2,22 @@
 
 import json
 
+import numpy as np
 import pytest
 
-from collabalign.data import DataError, load_glue, load_hh_rlhf, load_hhh, load_jsonl
+from collabalign.data import (
+    DataError,
+    attribute_labels,
+    load_commonsense,
+    load_glue,
+    load_hh_rlhf,
+    load_hhh,
+    load_jsonl,
+    load_tldr,
+    tiny_preferences,
+)
+from collabalign.data.amazon_reviews import read_reviews
+from collabalign.data.pku_saferlhf import load_pku_saferlhf
 from tests.data.helpers import MNLI_HEAD, jsonl, mnli_row, write
 
 OK = {"prompt": "Hi?", "chosen": "Hello.", "rejected": "Bye."}
@@ -103,3 +116,57 @@ def test_glue_names_file_line_field(tmp_path, case):
     err = info.value
     assert (err.path, err.line, err.field) == (str(path), line, field)
     assert fragment in str(err)
+
+
+LOADERS = {  # every loader that reads a file, as a call on one path
+    "jsonl": load_jsonl,
+    "hh_rlhf": load_hh_rlhf,
+    "hhh": load_hhh,
+    "pku_saferlhf": load_pku_saferlhf,
+    "tldr": load_tldr,
+    "commonsense": load_commonsense,
+    "amazon_reviews": lambda path: read_reviews(path, "books", 1),
+}
+
+
+@pytest.mark.parametrize("loader", LOADERS.values(), ids=LOADERS.keys())
+def test_a_missing_file_or_a_folder_is_a_data_error_naming_it(tmp_path, loader):
+    with pytest.raises(DataError, match=f"^{tmp_path / 'absent.jsonl'}: no such file$"):
+        loader(tmp_path / "absent.jsonl")
+    with pytest.raises(DataError, match=f"^{tmp_path}: cannot read"):
+        loader(tmp_path)
+
+
+def test_a_missing_glue_file_is_a_data_error_naming_it(tmp_path):
+    (tmp_path / "RTE").mkdir()
+    with pytest.raises(DataError, match=f"^{tmp_path / 'RTE' / 'dev.tsv'}: no such file$"):
+        load_glue("RTE", "dev", tmp_path)
+    with pytest.raises(DataError, match="no such file"):
+        load_glue("SST-2", "train", tmp_path)
+
+
+def test_a_glue_line_csv_cannot_split_is_a_data_error_naming_it(tmp_path):
+    (tmp_path / "SST-2").mkdir()
+    write(tmp_path / "SST-2" / "dev.tsv", SST2 + "x" * 200_000 + "\t1\n")
+    with pytest.raises(DataError, match=r"dev\.tsv:3: cannot split into columns \(field larger than field limit"):
+        load_glue("SST-2", "dev", tmp_path)
+
+
+def test_corrupt_compressed_or_non_utf8_files_are_data_errors(tmp_path):
+    bad_gzip = write(tmp_path / "a.review.gz", b"\x1f\x8b not really gzip")
+    with pytest.raises(DataError, match="unreadable compressed data"):
+        read_reviews(bad_gzip, "books", 1)
+    with pytest.raises(DataError, match="not valid UTF-8"):
+        read_reviews(write(tmp_path / "b.review", b"<review>\xff</review>"), "books", 1)
+    with pytest.raises(DataError, match=r"test\.json: invalid JSON \(nested too deeply\)"):
+        load_commonsense(write(tmp_path / "test.json", "[" * 100_000 + "]" * 100_000))
+    with pytest.raises(DataError, match=r"a\.jsonl:1: invalid JSON"):
+        load_jsonl(write(tmp_path / "a.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"))
+
+
+def test_an_unknown_split_attribute_names_it_and_the_known_ones():
+    pairs = tiny_preferences(5, np.random.default_rng(0))
+    assert attribute_labels(pairs, "topic") == [p.attributes["topic"] for p in pairs]
+    with pytest.raises(DataError, match=r"field 'topics': unknown split attribute \(pair 1 lacks it\); "
+                                        r"known: \['topic'\]"):
+        attribute_labels(pairs, "topics")

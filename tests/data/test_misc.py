@@ -4,6 +4,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from collabalign.config import ConfigError
 from collabalign.data import SYNTHETIC_TOPICS, glue_from_hub, hh_rlhf_from_hub, shared_data_dir, tiny_preferences
 from collabalign.data.synthetic import _POLITE, _RUDE
 from collabalign.data.tldr import tldr_comparisons_from_hub
@@ -25,7 +26,8 @@ def test_shared_data_dir_env_override(tmp_path, monkeypatch):
     monkeypatch.setenv("COLLABALIGN_DATA", str(tmp_path))
     assert shared_data_dir() == tmp_path
     monkeypatch.setenv("COLLABALIGN_DATA", str(tmp_path / "absent"))
-    assert shared_data_dir() is None
+    with pytest.raises(ConfigError, match=r"\$COLLABALIGN_DATA = '.*absent': not an existing directory"):
+        shared_data_dir()
     monkeypatch.delenv("COLLABALIGN_DATA")
     project_root = Path(__file__).resolve().parents[2]
     assert (project_root / "pyproject.toml").is_file()

@@ -64,9 +64,10 @@ def test_gpu_config_runs_end_to_end_on_tiny_stand_ins_and_resumes_from_its_cache
     monkeypatch.setattr(LMRunner, "run", lambda *a, **k: pytest.fail("a cached run was trained again"))
     assert main(args) == 0
     assert (out / "metrics.jsonl").read_bytes() == first
-    # a setting that changes the numbers invalidates the cache
+    # a setting that changes the numbers: the folder is refused, and with --force the cache is invalidated
+    assert main([*args[:-3], "lm.actor_lr=0.001", *args[-3:]]) == 2
     with pytest.raises(pytest.fail.Exception, match="trained again"):
-        main([*args[:-3], "lm.actor_lr=0.001", *args[-3:]])
+        main([*args[:-3], "lm.actor_lr=0.001", *args[-3:], "--force"])
 
 
 def test_not_run_records_every_declared_claim():

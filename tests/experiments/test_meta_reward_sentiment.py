@@ -51,8 +51,9 @@ def test_every_claim_is_decided_under_both_protocols_and_cells_are_cached(tmp_pa
     monkeypatch.setattr(Cell, "run", lambda self: pytest.fail("a cached cell was run again"))
     assert main(args) == 0
     assert json.loads((out / "summary.json").read_text())["claims"] == json.loads(first)["claims"]
+    assert main([*args[:-3], "sentiment.outer_lr=0.1", *args[-3:]]) == 2  # another config: refused without --force
     with pytest.raises(pytest.fail.Exception, match="run again"):
-        main([*args[:-3], "sentiment.outer_lr=0.1", *args[-3:]])
+        main([*args[:-3], "sentiment.outer_lr=0.1", *args[-3:], "--force"])
 
 
 @needs_data

@@ -19,7 +19,8 @@ def run_cli(args, capsys):
 
 @pytest.fixture
 def no_shared_data(monkeypatch, tmp_path):
-    monkeypatch.setenv("COLLABALIGN_DATA", str(tmp_path / "absent"))
+    (tmp_path / "empty").mkdir()  # a data folder without the HH-RLHF file
+    monkeypatch.setenv("COLLABALIGN_DATA", str(tmp_path / "empty"))
 
 
 @pytest.fixture
@@ -106,3 +107,33 @@ def test_quickstart_on_real_hh_rlhf_pairs(tmp_path, capsys):
     assert summary["metrics"]["data"]["dropped"] == {"chosen: empty text": 4,
                                                      "rejected: prompt differs from chosen's": 5}
     assert sum(summary["metrics"]["data"]["per_seed"][0]["client_pairs"]) == 120
+
+
+def test_fedavg_lora_with_client_level_dp_reports_the_privacy_it_spent(no_shared_data, tmp_path, capsys):
+    dp = ["aggregation.privacy.clip=1.0", "aggregation.privacy.noise_multiplier=1.0", "engine.min_replies=2"]
+    rc, _, err = run_cli(["run", str(config_path("quickstart", quick=True)), *dp, *TINY, "--out",
+                          str(tmp_path / "run")], capsys)
+    assert rc == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    privacy = summary["metrics"]["privacy"]
+    assert privacy["delta"] == 1e-5 and 0 < privacy["epsilon"] < float("inf")
+
+
+def test_federated_job_is_the_comparisons_fedavg_lora(tiny_runs):
+    """What the Flower app runs (`federated_job`) is the comparison's FedAvg-LoRA: the same final adapters; a node
+    (`own`) holds only its own client's pairs."""
+    from safetensors.numpy import load_file
+
+    from collabalign.cli import load_config
+    from collabalign.experiments.quickstart.comparison import federated_job
+    from collabalign.federation import simulate
+
+    cfg = load_config(config_path("quickstart", quick=True), [o for o in TINY if not o.startswith("--")])[2]
+    algorithm, data = federated_job(cfg, 0)
+    result = simulate(algorithm, data, cfg.train.rounds, 0, progress=False)
+    saved = load_file(str(tiny_runs[0] / "adapters" / "fedavg-lora-seed0.safetensors"))
+    assert saved.keys() == result.state.keys()
+    assert all((saved[name] == value).all() for name, value in result.state.items())
+    node = federated_job(cfg, 0, own=["client1"])[1]
+    assert list(node) == ["client1"] and len(node["client1"]) == len(data["client1"])
+

@@ -3,7 +3,8 @@ import pytest
 
 from collabalign.comm import Message
 from collabalign.federation import simulate
-from collabalign.methods.fedavg import FedAvg
+from collabalign.federation.engine import EngineOptions, ReplySpec
+from collabalign.methods.fedavg import FedAvg, LocalOnly
 
 from .toy import LeastSquares
 
@@ -26,6 +27,9 @@ class Counter:
         count = int(client.state["count"][0]) + 1 if client.state else 1
         client.state = {"count": np.array([count], dtype=np.int64)}
         return Message({"draw": client.rng.random(2)}, {"count": count})
+
+    def reply_spec(self, state, message, cid):
+        return ReplySpec({"draw": ((2,), "<f8")}, count=False)
 
     def aggregate(self, state, replies, round_):
         return state + [(round_, cid, r.meta["count"], r["draw"].tolist()) for cid, r in replies.items()]
@@ -70,6 +74,22 @@ def test_private_state_persists_across_rounds_on_flower():
     assert flower.metrics == sim.metrics
     assert flower.ledger.rows == sim.ledger.rows
     assert all(c.state == {} for c in flower.clients.values())  # private state never leaves the nodes
+
+
+def test_personalised_evaluation_runs_on_the_flower_nodes():
+    """LocalOnly's metrics need each client's private model: on Flower the nodes compute them (`client_metrics`),
+    the server combines; `simulate` picks Flower by `EngineOptions.engine`."""
+    trainer = LeastSquares()
+    data = trainer.client_data(3)
+    sim = simulate(LocalOnly(trainer), data, rounds=3, seed=5, progress=False)
+    flower = simulate(LocalOnly(trainer), data, rounds=3, seed=5, options=EngineOptions(engine="flower"))
+    assert not ray.is_initialized()
+    assert all(c.state == {} for c in flower.clients.values())  # computed on the nodes, not from server-side state
+    assert [m.keys() for m in flower.metrics] == [m.keys() for m in sim.metrics]
+    for a, b in zip(sim.metrics, flower.metrics, strict=True):  # same arithmetic on both paths
+        assert b == pytest.approx(a, rel=1e-6)
+    assert sim.metrics[-1]["mse_max"] < sim.metrics[0]["mse_max"]
+    assert flower.ledger.rows == sim.ledger.rows
 
 
 def test_fedavg_lora_reward_model_on_flower_equals_the_simulator():

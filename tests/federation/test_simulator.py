@@ -39,13 +39,12 @@ def test_same_seed_gives_byte_identical_metrics(tmp_path):
 
 def test_resume_after_checkpoint_equals_uninterrupted_run(tmp_path):
     full = run(fraction=0.5)
-    ckpt = tmp_path / "ckpt.pt"
+    ckpt = tmp_path / "ckpt"
     trainer = LeastSquares()
     data = trainer.client_data(6)
-    simulate(FedAvg(trainer), data, rounds=4, seed=3, fraction=0.5, checkpoint=ckpt, checkpoint_every=2,
-             progress=False)
-    resumed = simulate(FedAvg(trainer), data, rounds=6, seed=3, fraction=0.5, checkpoint=ckpt,
-                       checkpoint_every=2, resume=True, progress=False)
+    simulate(FedAvg(trainer), data, rounds=4, seed=3, fraction=0.5, checkpoint=ckpt, progress=False)
+    resumed = simulate(FedAvg(trainer), data, rounds=6, seed=3, fraction=0.5, checkpoint=ckpt, resume=True,
+                       progress=False)
     assert resumed.metrics == full.metrics
     assert resumed.ledger.rows == full.ledger.rows
     np.testing.assert_array_equal(resumed.state["w"], full.state["w"])

@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from collabalign.comm import Message
-from collabalign.methods.fedavg import weighted_average
+from collabalign.federation.aggregation import weighted_average
 from collabalign.policy import Rollout
 
 PROMPTS = ["Hi", "Write one long sentence about the sea and its many moods.", "Why?"]

@@ -8,7 +8,7 @@ from collabalign.data.hh_rlhf import TOPIC_KEYWORDS, hh_attributes, load_hh_rlhf
 from collabalign.data.hub import glue_from_hub, hh_rlhf_from_hub, load_glue_any
 from collabalign.data.partition import by_key, dirichlet, iid, label_skew
 from collabalign.data.paths import shared_data_dir
-from collabalign.data.preferences import PreferencePair, PreferenceSet, load_jsonl
+from collabalign.data.preferences import PreferencePair, PreferenceSet, attribute_labels, load_jsonl
 from collabalign.data.synthetic import SYNTHETIC_TOPICS, tiny_preferences
 from collabalign.data.tldr import (
                                    load_tldr,
@@ -29,6 +29,7 @@ __all__ = [
     "PreferencePair",
     "PreferenceSet",
     "TextDataset",
+    "attribute_labels",
     "by_key",
     "dirichlet",
     "extract_answer",

@@ -18,9 +18,9 @@ at CPU scale we form them from the real reviews instead:
 
 from __future__ import annotations
 
-import gzip
 import html
 import re
+import zlib
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -29,6 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from collabalign.data.errors import DataError
+from collabalign.data.jsonl import open_maybe_gzip
 from collabalign.data.preferences import PreferencePair
 from collabalign.seeding import Seeds
 
@@ -121,11 +122,13 @@ def _parse_record(block: str, domain: str, label: int, path: Path, record: int) 
 def read_reviews(path: str | Path, domain: str, label: int) -> list[Review]:
     """All records of one .review(.gz) file in file order; the first bad record raises a DataError naming it."""
     path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(f"Amazon review file not found: {path}")
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        content = f.read()
+    try:
+        with open_maybe_gzip(path) as f:
+            content = f.read().decode("utf-8")
+    except (OSError, EOFError, zlib.error) as err:  # a truncated or corrupt gzip stream
+        raise DataError(path, None, None, f"unreadable compressed data ({err})") from err
+    except UnicodeDecodeError as err:
+        raise DataError(path, None, None, f"not valid UTF-8 (byte {err.start})") from err
     blocks = content.split("<review>")[1:]
     if not blocks:
         raise DataError(path, None, None, "no <review> records")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from collabalign.data.errors import DataError
+from collabalign.data.jsonl import read_json
 from collabalign.data.preferences import PreferencePair, PreferenceSet, checked_pair, collect_pairs, require_text
 
 HHH_SUBSETS = ("helpful", "harmless", "honest", "other")
@@ -21,12 +21,7 @@ def load_hhh(path: str | Path, party: str | None = None, drop_invalid: bool = Fa
     """
     path = Path(path)
     party = party or path.parent.name
-    try:
-        task = json.loads(path.read_bytes().decode("utf-8-sig"))
-    except UnicodeDecodeError as err:
-        raise DataError(path, None, None, "not valid UTF-8") from err
-    except json.JSONDecodeError as err:
-        raise DataError(path, err.lineno, None, "invalid JSON") from err
+    task = read_json(path)
     if not isinstance(task, dict):
         raise DataError(path, None, None, "not a JSON object")
     examples = task.get("examples")

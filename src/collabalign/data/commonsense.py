@@ -4,12 +4,12 @@
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from collabalign.data.errors import DataError
+from collabalign.data.jsonl import read_json
 
 # task (LLM-Adapters' folder name) -> the answers its prompt asks for, as the regex its evaluation code extracts
 ANSWER_PATTERNS: dict[str, str] = {
@@ -47,12 +47,7 @@ def load_commonsense(path: str | Path, task: str | None = None) -> list[Commonse
     raises DataError naming the file, the 1-based record number and the field."""
     pattern = None if task is None else _pattern(task)
     path = Path(path)
-    try:
-        records = json.loads(path.read_bytes().decode("utf-8-sig"))
-    except UnicodeDecodeError as err:
-        raise DataError(path, None, None, "not valid UTF-8") from err
-    except json.JSONDecodeError as err:
-        raise DataError(path, err.lineno, None, f"invalid JSON ({err.msg})") from err
+    records = read_json(path)
     if not isinstance(records, list) or not records:
         raise DataError(path, None, None, "expected a non-empty JSON list of records")
     out = []

@@ -22,3 +22,9 @@ class DataError(ValueError):
 
     def __reduce__(self) -> tuple[type[DataError], tuple[str, int | None, str | None, str]]:
         return type(self), (self.path, self.line, self.field, self.message)
+
+
+def unreadable(path: str | Path, err: OSError) -> DataError:
+    """The DataError for a data file that cannot be read at all: missing, a folder, not permitted, or corrupt."""
+    return DataError(path, None, None, "no such file" if isinstance(err, FileNotFoundError)
+                     else f"cannot read ({err.strerror or err})")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collabalign.data.errors import DataError
+from collabalign.data.errors import DataError, unreadable
 
 
 @dataclass
@@ -165,13 +165,31 @@ def glue_layout(task: str) -> GlueLayout:
 
 
 def _decoded_lines(path: Path) -> Iterator[str]:
-    """Decode a file line by line so invalid UTF-8 is reported with its line (the MRPC files start with a BOM)."""
-    with open(path, "rb") as f:
+    """Decode a file line by line so invalid UTF-8 is reported with its line (the MRPC files start with a BOM); a
+    file that cannot be read is a DataError naming it."""
+    try:
+        f = open(path, "rb")
+    except OSError as err:
+        raise unreadable(path, err) from err
+    with f:
         for lineno, raw in enumerate(f, start=1):
             try:
                 yield raw.decode("utf-8-sig" if lineno == 1 else "utf-8")
             except UnicodeDecodeError as err:
                 raise DataError(path, lineno, None, "not valid UTF-8") from err
+
+
+def _tsv_rows(path: Path) -> Iterator[tuple[int, list[str]]]:
+    """(line, fields) of a tab-separated file without quoting; a line csv cannot split is a DataError naming it."""
+    reader = csv.reader(_decoded_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as err:  # e.g. a field over csv's size limit
+            raise DataError(path, reader.line_num, None, f"cannot split into columns ({err})") from err
+        yield reader.line_num, row
 
 
 def glue_path(task: str, split: str, root: str | Path) -> Path:
@@ -189,9 +207,7 @@ def load_glue(task: str, split: str, root: str | Path) -> TextDataset:
     text_a: list[str] = []
     text_b: list[str] = []
     labels: list[float | int] = []
-    reader = csv.reader(_decoded_lines(path), delimiter="\t", quoting=csv.QUOTE_NONE)
-    for row in reader:
-        line = reader.line_num
+    for line, row in _tsv_rows(path):
         if not row:
             continue  # a blank line is not a row
         if columns is None:

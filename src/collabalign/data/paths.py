@@ -5,12 +5,17 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from collabalign.config import ConfigError
+
 
 def shared_data_dir() -> Path | None:
-    """$COLLABALIGN_DATA if set, else ../shared/data beside the project root (holding pyproject.toml), else None."""
+    """$COLLABALIGN_DATA if set (it must be an existing folder: a typo must not silently mean "no data"), else
+    ../shared/data beside the project root (holding pyproject.toml), else None."""
     env = os.environ.get("COLLABALIGN_DATA")
     if env:
-        return Path(env) if Path(env).is_dir() else None
+        if not Path(env).is_dir():
+            raise ConfigError(f"$COLLABALIGN_DATA = {env!r}: not an existing directory")
+        return Path(env)
     for parent in Path(__file__).resolve().parents:
         if (parent / "pyproject.toml").is_file():
             candidate = parent.parent / "shared" / "data"

@@ -41,6 +41,17 @@ class PreferenceSet:
         return iter(self.pairs)
 
 
+def attribute_labels(data: PreferenceSet, name: str) -> list[str]:
+    """Each pair's attribute `name` as text (the keys of a split by attribute); an attribute some pair lacks is a
+    DataError naming it and the attributes every pair has, never a silent group of None labels."""
+    lacking = next((i for i, p in enumerate(data) if name not in p.attributes), None)
+    if lacking is not None:
+        known = sorted(set.intersection(*(set(p.attributes) for p in data)))
+        raise DataError(data.source, None, name, f"unknown split attribute (pair {lacking + 1} lacks it); "
+                                                 f"known: {known}")
+    return [str(p.attributes[name]) for p in data]
+
+
 def require_text(obj: dict[str, Any], name: str, path: str | Path, line: int | None) -> str:
     """Return obj[name] if it is a non-blank string, else raise a DataError naming the field."""
     if name not in obj:

@@ -1,42 +1,40 @@
-"""Flower adapter: runs the same `Algorithm` object under Flower's simulation engine (Message API).
+"""Flower adapter: runs the same `Algorithm` object under Flower (Message API), in Flower's simulation engine
+(`run_flower_simulation`) and, through `serve` and `client_app`, in a deployment (`collabalign.app`).
 
-Every `flwr` import of the project lives in this module, inside functions, so the rest of the
+Every `flwr` import of the project lives in this module and in `app.py`, inside functions, so the rest of the
 package imports without Flower.
 
 How one run flows:
 
-- The ServerApp (low-level ``@app.main()`` with a ``Grid``) runs in a thread of the calling process,
-  so it hands its `SimulationResult` back through a closure (no temp file). It first sends every node a
-  ``query`` message; each ClientApp answers with the client id its ``partition-id`` maps to (the i-th
-  id of ``client_data``), giving the server its node -> client id routing table.
-- Each round the server samples exactly as `simulate` does (`sample_clients`), calls
-  `algorithm.configure`, and sends each sampled node a ``train`` message whose content is one
-  ``ConfigRecord`` holding ``Message.serialise()`` bytes (the round travels as the message's
-  ``group_id``). The ClientApp deserialises it, rebuilds the `ClientContext` (data by partition id,
-  private state from ``context.state``, rngs from ``seed_round(Seeds(seed), round)``), calls
-  `algorithm.client_update`, stores the private state back in ``context.state`` (a ``ConfigRecord``
-  holding a serialised collabalign `Message`) and replies with the reply's serialised bytes.
-- The ledger counts the length of the bytes actually put into / read out of the Flower records; they
-  equal `Message.nbytes` (asserted), so the rows are identical to the simulator's. Flower's own
-  envelope (metadata, protobuf framing) and the one-off ``query`` handshake are not counted.
-- The server deserialises the replies in the order `configure` returned them, `aggregate`s and
-  evaluates on round 0, every `eval_every` rounds and the last round, like the simulator.
+- The ServerApp (low-level ``@app.main()`` with a ``Grid``) calls `serve`: it first sends every node a ``query``
+  message; each ClientApp answers with the client id of its partition, giving the server its client id -> node id
+  routing table. Then the shared round engine (`engine.run_rounds`) runs with `GridTransport`.
+- Each round the engine samples, calls `algorithm.configure`, and the transport sends each sampled node a ``train``
+  message whose content is one ``ConfigRecord`` holding ``Message.serialise()`` bytes (the round travels as the
+  message's ``group_id``). The ClientApp deserialises it, rebuilds the `ClientContext` (its data, private state from
+  ``context.state``, rngs from ``seed_round(Seeds(seed), round)``), calls `algorithm.client_update`, stores the private
+  state back in ``context.state`` (a ``ConfigRecord`` holding a serialised collabalign `Message`) and replies with the
+  reply's serialised bytes. A node that errs, does not answer within ``options.timeout_s`` or sends bytes that do not
+  parse is that round's `Failure`, handled by the engine like any dropped client.
+- The ledger counts the bytes put into / read out of the Flower records, which are `Message.nbytes`, so its rows
+  equal the simulator's. Flower's own envelope, the one-off ``query`` handshake and evaluation messages are not
+  counted.
+- Evaluation: an algorithm with the client-side hooks (`client_metrics`, `combine_metrics`) is evaluated on the
+  nodes: an ``evaluate`` message carries the server state (`checkpoint.flatten`: its arrays, the JSON skeleton in the
+  metadata) to every node, each answers its client's metrics from its private state, the server combines them. Other
+  algorithms evaluate on the server, with client contexts whose ``state`` is empty.
 
-In-process objects: Flower's Ray backend ships the ClientApp to its actors with cloudpickle on every
-message, and the ClientApp here closes over the algorithm and the client data. To avoid pickling them
-per message, they are put once into Ray's object store: Ray is initialised here, before Flower, with
-the same ``init_args`` and the driver's ``sys.path`` as the workers' ``PYTHONPATH`` (what Flower's
-backend would do); Flower reuses an initialised Ray, and shuts it down at the end, an already running
-one included. The ClientApp carries only the object reference; each actor process loads it once and
-caches it. The algorithm's and the data's classes must be importable from the driver's ``sys.path``.
+In-process objects (simulation): Flower's Ray backend ships the ClientApp to its actors with cloudpickle on every
+message, and the ClientApp here closes over the algorithm and the client data. To avoid pickling them per message,
+they are put once into Ray's object store: Ray is initialised here, before Flower, with the same ``init_args`` and
+the driver's ``sys.path`` as the workers' ``PYTHONPATH`` (what Flower's backend would do); Flower reuses an
+initialised Ray, and shuts it down at the end, an already running one included. The ClientApp carries only the object
+reference; each actor process loads it once and caches it. The algorithm's and the data's classes must be importable
+from the driver's ``sys.path``.
 
-Limits: `evaluate` runs on the server with client contexts whose ``state`` is empty (private state
-never leaves the nodes), so personalised evaluation over private state needs a federated evaluate
-round, which is not built here; the returned ``clients`` likewise have empty state. A batched
-``client_update_many`` is not used: each node trains its own client. Private state round-trips through
-safetensors, which stores names sorted. Flower's telemetry is off unless ``FLWR_TELEMETRY_ENABLED`` is
-set. A real deployment (SuperLink + SuperNodes) would load each node's data from its node config;
-only the simulation engine is wired here.
+Limits: the returned ``clients`` have empty state (private state never leaves the nodes). A batched
+``client_update_many`` is not used: each node trains its own client. Private state round-trips through safetensors,
+which stores names sorted. Flower's telemetry is off unless ``FLWR_TELEMETRY_ENABLED`` is set.
 """
 
 from __future__ import annotations
@@ -46,13 +44,14 @@ import os
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from collabalign.comm import Ledger, Message
-from collabalign.federation.protocol import Algorithm, ClientContext
-from collabalign.federation.simulator import SimulationResult, end_round, sample_clients
+from collabalign.comm import Message, MessageError
+from collabalign.federation.checkpoint import flatten, unflatten
+from collabalign.federation.engine import EngineOptions, Failure, SimulationResult, run_rounds, sample_clients
+from collabalign.federation.protocol import Algorithm, ClientContext, ServerState
 from collabalign.seeding import Seeds
 
 _RECORD = "collabalign"  # name of the ConfigRecord in a message's content / a node's context.state
@@ -63,9 +62,11 @@ _NODE_WAIT_S = 120.0
 
 _ACTOR_CACHE: dict[str, Any] = {}  # per Ray actor process: object-store key -> (algorithm, client data)
 
+Job = Callable[[Any], tuple[Algorithm, Any, int]]  # a node's Flower Context -> (algorithm, its client's data, seed)
+
 
 def run_flower_simulation(algorithm: Algorithm, client_data: dict[str, Any], rounds: int, seed: int,
-                          fraction: float = 1.0, eval_every: int = 1,
+                          fraction: float = 1.0, eval_every: int = 1, options: EngineOptions | None = None,
                           backend_config: dict[str, Any] | None = None) -> SimulationResult:
     """Runs `rounds` rounds of `algorithm` on Flower's simulation engine, one SuperNode per client.
 
@@ -89,8 +90,9 @@ def run_flower_simulation(algorithm: Algorithm, client_data: dict[str, Any], rou
                 ray.init(**{"runtime_env": _worker_env(), **config["init_args"]})
         try:
             ref = ray.put((algorithm, client_data))
-            server = _server_app(algorithm, client_data, rounds, seed, fraction, eval_every, outcome)
-            run_simulation(server_app=server, client_app=_client_app(ref, list(client_data), seed),
+            server = _server_app(algorithm, client_data, rounds, seed, fraction, eval_every,
+                                 options or EngineOptions(), outcome)
+            run_simulation(server_app=server, client_app=_simulation_client(ref, list(client_data), seed),
                            num_supernodes=len(client_data), backend_config=config)
         finally:
             if ray.is_initialized():
@@ -138,58 +140,90 @@ def _quiet_flower() -> Iterator[None]:
 
 
 def _server_app(algorithm: Algorithm, client_data: dict[str, Any], rounds: int, seed: int, fraction: float,
-                eval_every: int, outcome: dict[str, SimulationResult]) -> Any:
-    from flwr.app import ConfigRecord, Context, RecordDict
-    from flwr.app import Message as FlowerMessage
+                eval_every: int, options: EngineOptions, outcome: dict[str, SimulationResult]) -> Any:
+    from flwr.app import Context
     from flwr.serverapp import Grid, ServerApp
 
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        seeds, ids = Seeds(seed), list(client_data)
-        node_of = _handshake(grid, len(ids))
         clients = {cid: ClientContext(cid, data) for cid, data in client_data.items()}  # state stays on nodes
-        ledger, timing = Ledger(), []
-        state = algorithm.init(seeds)
-        metrics = [{"round": 0, **algorithm.evaluate(state, clients, 0)}]
-        for rnd in range(1, rounds + 1):
-            t0 = time.perf_counter()
-            messages = algorithm.configure(state, rnd, sample_clients(seeds, rnd, ids, fraction))
-            out = []
-            for cid, msg in messages.items():
-                payload = msg.serialise()
-                assert len(payload) == msg.nbytes
-                ledger.record(rnd, cid, "down", len(payload))
-                content = RecordDict({_RECORD: ConfigRecord({_PAYLOAD: payload})})
-                out.append(FlowerMessage(content, node_of[cid], "train", group_id=str(rnd)))
-            t1 = time.perf_counter()
-            by_node = {r.metadata.src_node_id: r for r in grid.send_and_receive(out)}
-            t2 = time.perf_counter()
-            replies = {}
-            for cid in messages:
-                payload = _payload(by_node.get(node_of[cid]), cid)
-                reply = Message.deserialise(payload)
-                assert len(payload) == reply.nbytes
-                ledger.record(rnd, cid, "up", len(payload))
-                replies[cid] = reply
-            state = algorithm.aggregate(state, replies, rnd)
-            t3 = time.perf_counter()
-            end_round(algorithm, state, clients, rnd, rounds, eval_every, metrics, timing, (t0, t1, t2, t3))
-        outcome["result"] = SimulationResult(state, clients, metrics, ledger, timing)
+        outcome["result"] = serve(grid, algorithm, clients, rounds, seed, fraction, eval_every, options)
 
     return app
 
 
-def _handshake(grid: Any, n: int) -> dict[str, int]:
-    """client id -> node id, asked of each node (its ClientApp knows its partition id)."""
+def serve(grid: Any, algorithm: Algorithm, clients: dict[str, ClientContext], rounds: int, seed: int,
+          fraction: float = 1.0, eval_every: int = 1, options: EngineOptions | None = None,
+          on_round: Callable[[int, dict[str, Any]], None] | None = None) -> SimulationResult:
+    """A ServerApp's work: the handshake with one node per client of `clients`, then the rounds on the shared engine
+    over `GridTransport`."""
+    options = options or EngineOptions()
+    node_of = _handshake(grid, sorted(clients))
+    return run_rounds(algorithm, GridTransport(grid, node_of, options.timeout_s), clients, rounds, seed, fraction,
+                      eval_every, options, on_round=on_round)
+
+
+class GridTransport:
+    """The engine's transport over a Flower `Grid`: one ``train`` message per sampled node, the round as its
+    ``group_id``; an error reply, a missing reply (node gone, `timeout_s` passed) or bytes that do not parse become
+    that client's `Failure`. `evaluate` asks every node for its client's metrics."""
+
+    def __init__(self, grid: Any, node_of: dict[str, int], timeout_s: float | None = None):
+        self.grid, self.node_of, self.timeout_s = grid, node_of, timeout_s
+
+    def exchange(self, round_: int, messages: dict[str, Message]) -> dict[str, Message | Failure]:
+        out = {cid: (msg, self.node_of[cid]) for cid, msg in messages.items()}
+        by_node = self._send(out, "train", round_)
+        return {cid: _reply(by_node.get(self.node_of[cid])) for cid in messages}
+
+    def evaluate(self, round_: int, state: ServerState) -> dict[str, dict[str, float]]:
+        arrays: dict[str, Any] = {}
+        message = Message(arrays, {"tree": flatten(state, arrays)})
+        by_node = self._send({cid: (message, node) for cid, node in self.node_of.items()}, "evaluate", round_)
+        replies = {cid: _reply(by_node.get(node)) for cid, node in self.node_of.items()}
+        return {cid: dict(r.meta) for cid, r in replies.items() if isinstance(r, Message)}
+
+    def _send(self, out: dict[str, tuple[Message, int]], kind: str, round_: int) -> dict[int, Any]:
+        """Each message to its node; the replies by node id."""
+        from flwr.app import Message as FlowerMessage
+
+        sent = [FlowerMessage(_content(msg), node, kind, group_id=str(round_)) for msg, node in out.values()]
+        return {r.metadata.src_node_id: r for r in self.grid.send_and_receive(sent, timeout=self.timeout_s)}
+
+
+def _content(message: Message) -> Any:
+    """A Flower RecordDict holding `message`'s wire bytes."""
+    from flwr.app import ConfigRecord, RecordDict
+
+    return RecordDict({_RECORD: ConfigRecord({_PAYLOAD: message.serialise()})})
+
+
+def _decode(flower_message: Any) -> Message:
+    return Message.deserialise(bytes(flower_message.content.config_records[_RECORD][_PAYLOAD]))
+
+
+def _reply(reply: Any) -> Message | Failure:
+    if reply is None:
+        return Failure("missing", "no reply from its node (gone, or past the timeout)")
+    if reply.has_error():
+        return Failure("error", str(reply.error.reason))
+    try:
+        return _decode(reply)
+    except (MessageError, KeyError) as err:
+        return Failure("corrupt", str(err))
+
+
+def _handshake(grid: Any, ids: list[str]) -> dict[str, int]:
+    """client id -> node id, asked of each node (its ClientApp knows its partition); waits for the nodes to connect."""
     from flwr.app import Message as FlowerMessage
     from flwr.app import RecordDict
 
     deadline = time.monotonic() + _NODE_WAIT_S
-    while len(nodes := list(grid.get_node_ids())) < n:
+    while len(nodes := list(grid.get_node_ids())) < len(ids):
         if time.monotonic() > deadline:
-            raise TimeoutError(f"only {len(nodes)} of {n} Flower nodes registered")
+            raise TimeoutError(f"only {len(nodes)} of {len(ids)} Flower nodes registered")
         time.sleep(0.05)
     replies = grid.send_and_receive([FlowerMessage(RecordDict(), node, "query", group_id="0") for node in nodes])
     node_of = {}
@@ -197,49 +231,60 @@ def _handshake(grid: Any, n: int) -> dict[str, int]:
         if reply.has_error():
             raise RuntimeError(f"Flower node {reply.metadata.src_node_id} failed: {reply.error.reason}")
         node_of[str(reply.content.config_records[_RECORD][_CLIENT_ID])] = reply.metadata.src_node_id
-    if len(node_of) != n:
-        raise RuntimeError(f"{len(node_of)} of {n} Flower nodes answered the handshake")
+    if sorted(node_of) != ids:
+        raise RuntimeError(f"Flower nodes answered the handshake as clients {sorted(node_of)}, expected {ids}")
     return node_of
 
 
-def _payload(reply: Any, cid: str) -> bytes:
-    if reply is None:
-        raise RuntimeError(f"no Flower reply from client {cid}")
-    if reply.has_error():
-        raise RuntimeError(f"Flower ClientApp of client {cid} failed: {reply.error.reason}")
-    return bytes(reply.content.config_records[_RECORD][_PAYLOAD])
-
-
-def _client_app(ref: Any, ids: list[str], seed: int) -> Any:
-    """A ClientApp that answers the handshake and runs `client_update`; `ref` is the object-store ref."""
+def client_app(client_id: Callable[[Any], str], job: Job) -> Any:
+    """A ClientApp that answers the handshake with `client_id(context)` (cheap: no job is loaded for it), runs
+    `client_update` and, for algorithms with the client-side hooks, `client_metrics` of its client from `job`."""
     from flwr.app import ConfigRecord, Context, RecordDict
     from flwr.app import Message as FlowerMessage
     from flwr.clientapp import ClientApp
 
     app = ClientApp()
 
-    def cid_of(context: Context) -> str:
-        return ids[int(context.node_config["partition-id"])]
-
     @app.query()
     def whoami(message: FlowerMessage, context: Context) -> FlowerMessage:
-        content = RecordDict({_RECORD: ConfigRecord({_CLIENT_ID: cid_of(context)})})
+        content = RecordDict({_RECORD: ConfigRecord({_CLIENT_ID: client_id(context)})})
         return FlowerMessage(content, reply_to=message)
 
     @app.train()
     def train(message: FlowerMessage, context: Context) -> FlowerMessage:
-        algorithm, client_data = _load(ref)
-        cid = cid_of(context)
-        msg = Message.deserialise(bytes(message.content.config_records[_RECORD][_PAYLOAD]))
-        client = ClientContext(cid, client_data[cid], _restore(context))
+        algorithm, data, seed = job(context)
+        cid = client_id(context)
+        client = ClientContext(cid, data, _restore(context))
         client.seed_round(Seeds(seed), int(message.metadata.group_id))
-        reply = algorithm.client_update(msg, client)
+        reply = algorithm.client_update(_decode(message), client)
         if not isinstance(reply, Message):
             raise TypeError(f"client {cid} returned {type(reply).__name__}, expected a Message")
         context.state[_STATE] = ConfigRecord({_PAYLOAD: Message(client.state).serialise()})
-        return FlowerMessage(RecordDict({_RECORD: ConfigRecord({_PAYLOAD: reply.serialise()})}), reply_to=message)
+        return FlowerMessage(_content(reply), reply_to=message)
+
+    @app.evaluate()
+    def evaluate(message: FlowerMessage, context: Context) -> FlowerMessage:
+        algorithm, data, _ = job(context)
+        payload = _decode(message)
+        state = unflatten(payload.meta["tree"], dict(payload))
+        client = ClientContext(client_id(context), data, _restore(context))
+        metrics = algorithm.client_metrics(state, client, int(message.metadata.group_id))
+        return FlowerMessage(_content(Message({}, {k: float(v) for k, v in metrics.items()})), reply_to=message)
 
     return app
+
+
+def _simulation_client(ref: Any, ids: list[str], seed: int) -> Any:
+    """The ClientApp of a simulation: node i runs client ``ids[i]``; the job comes from Ray's object store (`ref`)."""
+
+    def client_id(context: Any) -> str:
+        return ids[int(context.node_config["partition-id"])]
+
+    def job(context: Any) -> tuple[Algorithm, Any, int]:
+        algorithm, client_data = _load(ref)
+        return algorithm, client_data[client_id(context)], seed
+
+    return client_app(client_id, job)
 
 
 def _load(ref: Any) -> tuple[Algorithm, dict[str, Any]]:
@@ -256,4 +301,3 @@ def _load(ref: Any) -> tuple[Algorithm, dict[str, Any]]:
 def _restore(context: Any) -> dict[str, Any]:
     record = context.state.config_records.get(_STATE)
     return dict(Message.deserialise(bytes(record[_PAYLOAD]))) if record is not None else {}
-

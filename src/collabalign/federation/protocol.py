@@ -4,6 +4,11 @@ Rules that keep both paths equal: an algorithm keeps no mutable state of its own
 server's lives in the ServerState it returns; a client's in `ClientContext.state`, a dict of numpy
 arrays that is never sent); randomness comes only from the generators in the ClientContext or from the
 `Seeds` given to `init`; everything that crosses between parties is a `Message`.
+
+Client-side evaluation (optional): an algorithm whose metrics need the clients' private state (personalised methods)
+offers `client_metrics(state, client, round) -> metrics` (one client, where its state lives) and
+`combine_metrics(state, {client id: metrics}, round) -> metrics`; its `evaluate` is then `evaluate_per_client`, so
+the simulator (in process) and Flower (on the nodes, `engine.evaluate`) compute the same numbers.
 """
 
 from __future__ import annotations
@@ -50,3 +55,16 @@ class Algorithm(Protocol):
     def evaluate(self, state: ServerState, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
         """Metrics after a round; `clients` lets personalised methods evaluate their private state."""
         ...
+
+
+def has_client_metrics(algorithm: Any) -> bool:
+    """Whether `algorithm` offers the client-side evaluation hooks (`client_metrics` and `combine_metrics`)."""
+    return hasattr(algorithm, "client_metrics") and hasattr(algorithm, "combine_metrics")
+
+
+def evaluate_per_client(algorithm: Any, state: ServerState, clients: dict[str, ClientContext],
+                        round_: int) -> dict[str, float]:
+    """`combine_metrics` over every client's `client_metrics`, in client id order: the `evaluate` of an algorithm
+    with the client-side hooks, the same combination Flower computes from its nodes' answers."""
+    per_client = {cid: algorithm.client_metrics(state, clients[cid], round_) for cid in sorted(clients)}
+    return algorithm.combine_metrics(state, per_client, round_)

@@ -1,116 +1,57 @@
-"""In-process federated simulator: sampling, rounds, ledger, timing, checkpoints, resume, progress."""
+"""In-process federated simulator: the round engine (`engine.py`) with clients called in this process, a progress
+bar, and per-round checkpoints in the active run directory (so `collabalign resume` continues a killed run); or, by
+`EngineOptions.engine`, the same rounds on Flower's simulation engine (`flower.py`)."""
 
 from __future__ import annotations
 
-import os
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from collabalign.comm import Ledger, Message
-from collabalign.federation.protocol import Algorithm, ClientContext, ServerState
-from collabalign.seeding import Seeds
+from collabalign.federation.checkpoint import Checkpoint
+from collabalign.federation.engine import EngineOptions, InProcess, SimulationResult, run_rounds, sample_clients
+from collabalign.federation.protocol import Algorithm, ClientContext
+from collabalign.runs import active_run
 
-
-@dataclass
-class SimulationResult:
-    state: ServerState
-    clients: dict[str, ClientContext]
-    metrics: list[dict[str, Any]]  # one record per evaluated round, deterministic
-    ledger: Ledger
-    timing: list[dict[str, float]] = field(default_factory=list)  # per round: wall, client and server seconds
-
-
-def sample_clients(seeds: Seeds, round_: int, client_ids: list[str], fraction: float) -> list[str]:
-    """A seeded subset of max(1, round(fraction * n)) clients, in the original order."""
-    if not 0 < fraction <= 1:
-        raise ValueError(f"client fraction must be in (0, 1], got {fraction}")
-    n = max(1, round(fraction * len(client_ids)))
-    if n == len(client_ids):
-        return list(client_ids)
-    chosen = seeds.numpy("sampling", round_).choice(len(client_ids), size=n, replace=False)
-    return [client_ids[i] for i in sorted(chosen)]
+__all__ = ["SimulationResult", "sample_clients", "simulate"]
 
 
 def simulate(algorithm: Algorithm, client_data: dict[str, Any], rounds: int, seed: int, fraction: float = 1.0,
-             eval_every: int = 1, checkpoint: str | Path | None = None, checkpoint_every: int = 0,
-             resume: bool = False, progress: bool = True, label: str = "") -> SimulationResult:
+             eval_every: int = 1, checkpoint: str | Path | None = None, resume: bool = False,
+             options: EngineOptions | None = None, progress: bool = True, label: str = "") -> SimulationResult:
     """Runs `rounds` rounds of `algorithm` over the clients in `client_data` (id -> that client's data).
 
-    Round 0 is the evaluation of the initial state. With `checkpoint` and `checkpoint_every`, the whole
-    simulation state is saved every N rounds; `resume=True` continues from that file if it exists and
-    gives the same result as an uninterrupted run.
+    With a `checkpoint` folder every completed round is saved there; `resume=True` continues from it when it exists,
+    ending exactly as an uninterrupted run. Inside an active run directory (`RunDir.active`), each call without a
+    folder of its own checkpoints to the next folder of the run's ``checkpoints/`` and resumes from it.
+
+    With ``options.engine == "flower"`` the rounds run on Flower's simulation engine (`run_flower_simulation`), same
+    result type and, for a seed, the same metrics; there no per-round checkpoints are taken (`checkpoint` and
+    `resume` are ignored, a killed run starts over), no progress bar is shown, and the returned clients' private
+    state is empty (it stays on the Flower nodes).
     """
-    seeds = Seeds(seed)
-    ids = list(client_data)
+    options = options or EngineOptions()
+    if options.engine == "flower":
+        from collabalign.federation.flower import run_flower_simulation
+
+        return run_flower_simulation(algorithm, client_data, rounds, seed, fraction, eval_every, options)
+    name = label or type(algorithm).__name__
+    if checkpoint is None and (run := active_run()) is not None:
+        checkpoint, resume = run.next_checkpoint(name), True
+    store = Checkpoint(checkpoint) if checkpoint is not None else None
+    if store is not None and not resume and store.exists:
+        (store.folder / "state.json").unlink()  # a fresh run: the old checkpoint is not continued
     clients = {cid: ClientContext(cid, data) for cid, data in client_data.items()}
-    ledger, metrics, timing = Ledger(), [], []
-    start = 1
-    if resume and checkpoint is not None and Path(checkpoint).exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        state, metrics, timing, ledger = saved["state"], saved["metrics"], saved["timing"], Ledger(saved["ledger"])
-        for cid, private in saved["client_states"].items():
-            clients[cid].state = private
-        start = saved["round"] + 1
-    else:
-        state = algorithm.init(seeds)
-        metrics.append({"round": 0, **algorithm.evaluate(state, clients, 0)})
-    batched = getattr(algorithm, "client_update_many", None)
+    transport = InProcess(algorithm, clients, seed, options.timeout_s)
     with _progress(progress) as bar:
-        task = bar.add_task(label or type(algorithm).__name__, total=rounds, completed=start - 1)
-        for rnd in range(start, rounds + 1):
-            t0 = time.perf_counter()
-            sampled = sample_clients(seeds, rnd, ids, fraction)
-            messages = algorithm.configure(state, rnd, sampled)
-            for cid, msg in messages.items():
-                ledger.record(rnd, cid, "down", msg.nbytes)
-                clients[cid].seed_round(seeds, rnd)
-            t1 = time.perf_counter()
-            if batched is not None:
-                replies = batched(messages, {cid: clients[cid] for cid in messages})
-            else:
-                replies = {cid: algorithm.client_update(msg, clients[cid]) for cid, msg in messages.items()}
-            t2 = time.perf_counter()
-            for cid, reply in replies.items():
-                ledger.record(rnd, cid, "up", _check(reply, cid).nbytes)
-            state = algorithm.aggregate(state, replies, rnd)
-            t3 = time.perf_counter()
-            end_round(algorithm, state, clients, rnd, rounds, eval_every, metrics, timing, (t0, t1, t2, t3))
-            if checkpoint is not None and checkpoint_every and rnd % checkpoint_every == 0:
-                _save(checkpoint, {"round": rnd, "state": state, "metrics": metrics, "timing": timing,
-                                   "ledger": ledger.rows, "client_states": {c: x.state for c, x in clients.items()}})
-            bar.update(task, advance=1, description=f"{label or type(algorithm).__name__} {_short(metrics[-1])}")
-    return SimulationResult(state, clients, metrics, ledger, timing)
+        task = bar.add_task(name, total=rounds)
 
+        def show(rnd: int, record: dict[str, Any]) -> None:
+            bar.update(task, completed=rnd, description=f"{name} {_short(record)}")
 
-def end_round(algorithm: Algorithm, state: ServerState, clients: dict[str, ClientContext], rnd: int, rounds: int,
-              eval_every: int, metrics: list[dict[str, Any]], timing: list[dict[str, float]],
-              marks: tuple[float, float, float, float]) -> None:
-    """Evaluates when due and records the round's timing; `marks` = start, clients start, clients done, aggregated."""
-    if rnd % eval_every == 0 or rnd == rounds:
-        metrics.append({"round": rnd, **algorithm.evaluate(state, clients, rnd)})
-    t0, t1, t2, t3 = marks
-    timing.append({"round": rnd, "wall_s": time.perf_counter() - t0, "client_s": t2 - t1,
-                   "server_s": (t1 - t0) + (t3 - t2)})
-
-
-def _check(reply: Any, cid: str) -> Message:
-    if not isinstance(reply, Message):
-        raise TypeError(f"client {cid} returned {type(reply).__name__}, expected a Message")
-    return reply
-
-
-def _save(path: str | Path, payload: dict[str, Any]) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+        return run_rounds(algorithm, transport, clients, rounds, seed, fraction, eval_every, options, store, show)
 
 
 def _short(record: dict[str, Any]) -> str:

@@ -9,7 +9,9 @@ import numpy as np
 import torch
 
 from collabalign.comm import Message
-from collabalign.federation.protocol import ClientContext
+from collabalign.federation.aggregation import Aggregation, combine
+from collabalign.federation.engine import ReplySpec
+from collabalign.federation.protocol import ClientContext, evaluate_per_client
 from collabalign.seeding import Seeds
 
 Params = dict[str, np.ndarray]
@@ -28,19 +30,12 @@ class LocalTrainer(Protocol):
     def evaluate(self, params: Params) -> dict[str, float]: ...
 
 
-def weighted_average(replies: list[Message], weights: np.ndarray) -> Params:
-    """sum_i w_i * params_i / sum_i w_i for every array name, stacked and reduced in one op per name."""
-    w = np.asarray(weights, dtype=np.float64)
-    w = w / w.sum()
-    return {name: np.tensordot(w, np.stack([r[name] for r in replies]), axes=1).astype(replies[0][name].dtype)
-            for name in replies[0]}
-
-
 class FedAvg:
-    """FedAvg (McMahan et al. 2017): broadcast the global params, train locally, average weighted by samples."""
+    """FedAvg (McMahan et al. 2017): broadcast the global params, train locally, average weighted by samples; or
+    combine them by a robust rule or with client-level DP (`aggregation`)."""
 
-    def __init__(self, trainer: LocalTrainer):
-        self.trainer = trainer
+    def __init__(self, trainer: LocalTrainer, aggregation: Aggregation | None = None):
+        self.trainer, self.aggregation = trainer, aggregation or Aggregation()
 
     def init(self, seeds: Seeds) -> Params:
         return self.trainer.initial_params(seeds)
@@ -66,7 +61,7 @@ class FedAvg:
 
     def aggregate(self, state: Params, replies: dict[str, Message], round_: int) -> Params:
         ordered = [replies[cid] for cid in sorted(replies)]
-        return weighted_average(ordered, np.array([r.meta["n"] for r in ordered]))
+        return combine(state, ordered, np.array([r.meta["n"] for r in ordered]), self.aggregation, round_)
 
     def evaluate(self, state: Params, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
         return self.trainer.evaluate(state)
@@ -94,13 +89,24 @@ class LocalOnly:
         client.state = params
         return Message({}, {"n": n})
 
+    def reply_spec(self, state: Params, message: Message, cid: str) -> ReplySpec:
+        """Only the sample count comes back."""
+        return ReplySpec({})
+
     def aggregate(self, state: Params, replies: dict[str, Message], round_: int) -> Params:
         return state
 
     def evaluate(self, state: Params, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
-        per_client = [self.trainer.evaluate(c.state or state) for c in clients.values()]
+        return evaluate_per_client(self, state, clients, round_)
+
+    def client_metrics(self, state: Params, client: ClientContext, round_: int) -> dict[str, float]:
+        """The trainer's metrics of the client's own model (the initial params until it has trained)."""
+        return self.trainer.evaluate(client.state or state)
+
+    def combine_metrics(self, state: Params, per_client: dict[str, dict[str, float]], round_: int) -> dict[str, float]:
+        """Mean, min and max over clients of each metric."""
         out = {}
-        for key in per_client[0]:
-            vals = np.array([m[key] for m in per_client])
+        for key in next(iter(per_client.values())):
+            vals = np.array([m[key] for m in per_client.values()])
             out.update({key: float(vals.mean()), f"{key}_min": float(vals.min()), f"{key}_max": float(vals.max())})
         return out

@@ -11,6 +11,7 @@ import torch
 
 from collabalign.comm import Message
 from collabalign.federation import simulate
+from collabalign.federation.engine import reply_spec
 from collabalign.federation.protocol import ClientContext
 from collabalign.lora import lora_layers
 from collabalign.methods.fedavg import FedAvg
@@ -58,6 +59,9 @@ class Spy:
         self.after.append({client.cid: dict(client.state)})
         self.up.append({client.cid: reply})
         return reply
+
+    def reply_spec(self, state, message, cid):
+        return reply_spec(self.algorithm, state, message, cid)
 
     def aggregate(self, state, replies, round_):
         return self.algorithm.aggregate(state, replies, round_)
@@ -270,3 +274,6 @@ def test_flower_runs_federated_pshare_like_the_simulator():
         np.testing.assert_allclose(flower.state["params"][name], sim.state["params"][name], atol=1e-5)
     assert flower.state["seen"] == sim.state["seen"]
     assert all(c.state == {} for c in flower.clients.values())  # the personal factors stayed on the Flower nodes
+    assert [m.keys() for m in flower.metrics] == [m.keys() for m in sim.metrics]  # every node answered
+    for a, b in zip(sim.metrics, flower.metrics, strict=True):  # evaluated on the nodes, with their own A_i
+        assert b == pytest.approx(a, abs=1e-6)

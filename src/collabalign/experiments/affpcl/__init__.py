@@ -6,6 +6,8 @@ each declares its claims before running them, and every claim is decided by clai
 
 from __future__ import annotations
 
+from pydantic import NonNegativeInt
+
 from collabalign.config import Strict
 from collabalign.experiments.affpcl import communication, digits, fig1, fig6, reward, rl, sweeps, theory
 from collabalign.experiments.affpcl.digits import DigitsConfig
@@ -23,7 +25,7 @@ TITLE = ("AffPCL: personalised collaborative learning with affinity-based varian
 
 
 class Config(Strict):
-    seed: int = 0
+    seed: NonNegativeInt = 0
     fig1: Fig1Config = Fig1Config()
     theory: TheoryConfig = TheoryConfig()
     fig6: Fig6Config = Fig6Config()

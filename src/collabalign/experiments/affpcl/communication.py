@@ -30,7 +30,8 @@ def part(cfg: Fig1Config, seeds: Seeds, run_dir: RunDir) -> Part:
     data = agent_data(instance, instance.draw(cfg.steps, seeds.numpy("federated/noise")))
     algorithms = {"affpcl": AffPCLFederated(instance, cfg.alpha),
                   "fedavg": fedavg.FedAvg(LocalStep(instance, cfg.alpha))}
-    results = {m: simulate(a, data, cfg.steps, seeds.seed, progress=False, label=m) for m, a in algorithms.items()}
+    results = {m: simulate(a, data, cfg.steps, seeds.seed, options=cfg.engine, progress=False, label=m)
+               for m, a in algorithms.items()}
     run_dir.write_ledgers({m: r.ledger for m, r in results.items()})
     wire = {m: sum(b for _, _, _, b in r.ledger.rows) / cfg.steps / cfg.n for m, r in results.items()}
     payload = {m: payload_bytes(a, data) for m, a in algorithms.items()}

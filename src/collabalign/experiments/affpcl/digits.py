@@ -5,8 +5,10 @@ replicates (users' mixtures are redrawn per run and shared by every method)."""
 
 from __future__ import annotations
 
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
+
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Grid, Probability, Strict
 from collabalign.data.digit_features import digit_features
 from collabalign.experiments.affpcl import plots
 from collabalign.experiments.affpcl.shared import LOWER, MATCH, bands, summary, tagged
@@ -38,17 +40,17 @@ LABELS = {"il": "independent", "fedavg": "FedAvg", "affpcl": "AffPCL (exact rho)
 
 class DigitsConfig(Strict):
     run: bool = True
-    n: int = 10
-    runs: int = 10
-    levels: list[float] = [0.0, 0.2, 0.6, 1.0]  # delta_obj, the paper's FEMNIST levels
-    batches: list[int] = [32, 1]  # the paper's batch 32, and one sample per step (the theory's setting)
-    steps: int = 300
-    alpha: float = 1.0  # half the per-sample stability limit 2 / max ||phi||^2 (features scaled to max norm 1)
-    reg: float = 0.15  # pFedMe / Ditto: alpha * reg = 0.15 as in Fig. 1 (0.01 * 15)
-    skew: float = 0.5  # class-mixture skew: environment heterogeneity, like FEMNIST's writers
-    concentration: float = 0.5
-    eval_every: int = 10
-    window: int = 3  # evaluations averaged for the final test MSE (the last 30 steps)
+    n: PositiveInt = 10
+    runs: PositiveInt = 10
+    levels: Grid[NonNegativeFloat] = [0.0, 0.2, 0.6, 1.0]  # delta_obj, the paper's FEMNIST levels
+    batches: Grid[PositiveInt] = [32, 1]  # the paper's batch 32, and one sample per step (the theory's setting)
+    steps: PositiveInt = 300
+    alpha: PositiveFloat = 1.0  # half the per-sample stability limit 2 / max ||phi||^2 (features scaled to max norm 1)
+    reg: PositiveFloat = 0.15  # pFedMe / Ditto: alpha * reg = 0.15 as in Fig. 1 (0.01 * 15)
+    skew: Probability = 0.5  # class-mixture skew: environment heterogeneity, like FEMNIST's writers
+    concentration: PositiveFloat = 0.5
+    eval_every: PositiveInt = 10
+    window: PositiveInt = 3  # evaluations averaged for the final test MSE (the last 30 steps)
 
 
 def methods(cfg: DigitsConfig) -> dict:

@@ -7,12 +7,16 @@ so methods are paired by run; MSE comparisons are per-run ratios of the last-10 
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Grid, Probability, Strict
 from collabalign.experiments.affpcl import plots
 from collabalign.experiments.affpcl.shared import LOWER, MATCH, bands, summary, tagged
+from collabalign.federation.engine import EngineOptions
 from collabalign.methods.affpcl import (
     IFCA,
     IL,
@@ -52,16 +56,18 @@ LABELS = {"il": "independent", "fedavg": "FedAvg", "affpcl": "AffPCL", "finetune
 
 
 class Fig1Config(Strict):
-    n: int = 20
-    d: int = 5
-    runs: int = 10
-    steps: int = 60
-    alpha: float = 0.01
-    sets: dict[str, list[float]] = {"main_text": [0.0, 0.05, 0.3, 0.8], "appendix_b": [0.0, 0.05, 0.2, 0.5]}
-    pretrain_ratio: float = 0.5
-    reg: float = 15.0
-    clusters: int = 10
-    ledger_level: float = 0.3  # run 0 at this level also goes through the federated simulator (Remark 1)
+    n: PositiveInt = 20
+    d: PositiveInt = 5
+    runs: PositiveInt = 10
+    steps: PositiveInt = 60
+    alpha: PositiveFloat = 0.01
+    sets: Annotated[dict[str, Grid[NonNegativeFloat]], Field(min_length=1)] = {"main_text": [0.0, 0.05, 0.3, 0.8],
+                                                                          "appendix_b": [0.0, 0.05, 0.2, 0.5]}
+    pretrain_ratio: Probability = 0.5
+    reg: PositiveFloat = 15.0
+    clusters: PositiveInt = 10
+    ledger_level: NonNegativeFloat = 0.3  # run 0 at this level also goes through the federated simulator (Remark 1)
+    engine: EngineOptions = EngineOptions()  # that federated run's fault handling and engine (simulator or Flower)
 
 
 def methods(cfg: Fig1Config) -> dict:

@@ -5,6 +5,7 @@ learning, and the speed-up shrinks as delta_cen^i grows. Runs are the replicates
 from __future__ import annotations
 
 import numpy as np
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
 from collabalign.config import Strict
@@ -31,11 +32,11 @@ AGENT_RATE = claims.superiority(
 
 class Fig6Config(Strict):
     run: bool = True
-    n: int = 40  # Fig. 6 setting of the reference scripts
-    level: float = 0.7
-    steps: int = 70
-    runs: int = 20
-    alpha: float = 0.01
+    n: PositiveInt = 40  # Fig. 6 setting of the reference scripts
+    level: NonNegativeFloat = 0.7
+    steps: PositiveInt = 70
+    runs: PositiveInt = 20
+    alpha: PositiveFloat = 0.01
 
 
 def part(cfg: Fig6Config, seeds: Seeds, run_dir: RunDir) -> Part:

@@ -6,10 +6,13 @@ replays the same annotators and sample draws."""
 
 from __future__ import annotations
 
+from typing import Literal
+
 import numpy as np
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Grid, Strict
 from collabalign.data import shared_data_dir
 from collabalign.data.annotator_pools import Pool, synthetic_pool
 from collabalign.experiments.affpcl.reward_pools import minilm_hh_pool
@@ -46,27 +49,28 @@ HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
 
 class RewardConfig(Strict):
     run: bool = True
-    datasets: list[str] = ["synthetic", "hh"]  # hh is skipped (with a note) when the shared data are absent
-    variants: list[str] = ["r1", "r2", "r3"]
-    n_list: list[int] = [5, 10, 20, 50]
-    deltas: list[float] = [0.0, 0.05, 0.2, 0.5, 1.0]
-    runs: int = 5
-    steps: int = 100
-    batch: int = 1
-    alpha: float = 1.0  # features have max norm 1
-    reg: float = 0.15  # Ditto: alpha * reg = 0.15 as in Fig. 1 (alpha 0.01, lambda_reg 15)
-    ridge: float = 0.0
-    coe_alpha: float = 0.05  # r1's COE step on the standardised attributes
-    scale: float = 3.0  # BT logit = scale * a(s)^T lambda^i on standardised attribute margins
-    lam_bar: list[float] = [0.8165, -0.4082, 0.4082]  # (2, -1, 1) / sqrt(6): harmless, shorter, apologetic
-    test_share: float = 0.3
-    eval_every: int = 10
-    window: int = 3  # evaluations averaged for the final accuracy
-    synthetic_items: int = 2000
-    synthetic_d: int = 32
-    hh_pairs: int = 600
-    hh_dim: int = 32  # principal components of the MiniLM difference features
-    hh_max_length: int = 64
+    datasets: Grid[Literal["synthetic", "hh"]] = ["synthetic", "hh"]  # hh: skipped (noted) without shared data
+    variants: Grid[Literal["r1", "r2", "r3"]] = ["r1", "r2", "r3"]
+    n_list: Grid[PositiveInt] = [5, 10, 20, 50]
+    deltas: Grid[NonNegativeFloat] = [0.0, 0.05, 0.2, 0.5, 1.0]
+    runs: PositiveInt = 5
+    steps: PositiveInt = 100
+    batch: PositiveInt = 1
+    alpha: PositiveFloat = 1.0  # features have max norm 1
+    reg: PositiveFloat = 0.15  # Ditto: alpha * reg = 0.15 as in Fig. 1 (alpha 0.01, lambda_reg 15)
+    ridge: NonNegativeFloat = 0.0
+    coe_alpha: PositiveFloat = 0.05  # r1's COE step on the standardised attributes
+    scale: PositiveFloat = 3.0  # BT logit = scale * a(s)^T lambda^i on standardised attribute margins
+    # (2, -1, 1) / sqrt(6): harmless, shorter, apologetic
+    lam_bar: list[float] = Field([0.8165, -0.4082, 0.4082], min_length=1)
+    test_share: float = Field(0.3, gt=0, lt=1)
+    eval_every: PositiveInt = 10
+    window: PositiveInt = 3  # evaluations averaged for the final accuracy
+    synthetic_items: PositiveInt = 2000
+    synthetic_d: PositiveInt = 32
+    hh_pairs: PositiveInt = 600
+    hh_dim: PositiveInt = 32  # principal components of the MiniLM difference features
+    hh_max_length: PositiveInt = 64
 
 
 def make_pool(cfg: RewardConfig, seeds: Seeds, dataset: str) -> Pool | None:

@@ -4,8 +4,12 @@ Runs are the replicates; methods share each run's chains or MDPs (each with its 
 
 from __future__ import annotations
 
+from typing import Annotated, Literal
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Fraction, Grid, Strict
 from collabalign.experiments.affpcl import plots
 from collabalign.experiments.affpcl.shared import MATCH, bands, summary, tagged
 from collabalign.methods.affpcl import IL, AffPCL, FedAvg, run
@@ -37,30 +41,33 @@ SARSA_METHODS = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(cdl="22-2"),
                  "affpcl_dre": AffPCL(cdl="22-2", weights="dre")}
 
 
+Discount = Annotated[float, Field(ge=0, lt=1)]
+
+
 class RLConfig(Strict):
     run: bool = True
-    n: int = 10
-    levels: list[float] = [0.0, 0.2, 0.5, 1.0]  # paired delta_env = delta_obj (§9 item 14)
+    n: PositiveInt = 10
+    levels: Grid[NonNegativeFloat] = [0.0, 0.2, 0.5, 1.0]  # paired delta_env = delta_obj (§9 item 14)
     # (a) personalised TD(0), i.i.d. transitions
-    td_runs: int = 10
-    td_states: int = 10
-    td_features: str = "tabular"  # or "linear": random unit features of dimension td_d
-    td_d: int = 5
-    td_gamma: float = 0.5
-    td_steps: int = 2000
-    td_alpha: float = 0.1
-    td_central: str = "coe"  # pooled running-mean COE, or "oracle"
+    td_runs: PositiveInt = 10
+    td_states: PositiveInt = 10
+    td_features: Literal["tabular", "linear"] = "tabular"  # or "linear": random unit features of dimension td_d
+    td_d: PositiveInt = 5
+    td_gamma: Discount = 0.5
+    td_steps: PositiveInt = 2000
+    td_alpha: PositiveFloat = 0.1
+    td_central: Literal["coe", "oracle"] = "coe"  # pooled running-mean COE, or "oracle"
     # (b) SARSA, the reference scripts' sizes (App. B)
-    sarsa_runs: int = 5
-    states: int = 10
-    actions: int = 5
-    d: int = 20
-    gamma: float = 0.1
-    temp: float = 10.0
-    sarsa_steps: int = 2500
-    sarsa_alpha: float = 0.1
-    window: float = 0.1  # share of the last steps averaged for the final MSE
-    plot_every: int = 10
+    sarsa_runs: PositiveInt = 5
+    states: PositiveInt = 10
+    actions: PositiveInt = 5
+    d: PositiveInt = 20
+    gamma: Discount = 0.1
+    temp: PositiveFloat = 10.0
+    sarsa_steps: PositiveInt = 2500
+    sarsa_alpha: PositiveFloat = 0.1
+    window: Fraction = 0.1  # share of the last steps averaged for the final MSE
+    plot_every: PositiveInt = 10
 
 
 def part(cfg: RLConfig, seeds: Seeds, run_dir: RunDir, progress: bool = True) -> Part:

@@ -5,9 +5,10 @@ system's shape. Runs are the replicates; a run index pairs the methods of a cell
 from __future__ import annotations
 
 import numpy as np
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Fraction, Grid, Strict
 from collabalign.experiments.affpcl import plots
 from collabalign.experiments.affpcl.shared import LOWER, MATCH, last_mse
 from collabalign.methods.affpcl import IL, AffPCL, FedAvg, GaussianSystems, run
@@ -41,14 +42,14 @@ FIG4 = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL()}
 
 class SweepConfig(Strict):
     run: bool = True
-    n: int = 20
-    runs: int = 10
-    steps: int = 60
-    alpha: float = 0.01
-    fig4_grid: list[float] = [round(x, 2) for x in np.linspace(0, 0.9, 10)]  # delta_env and delta_obj
-    fig4_reliable_below: float = 0.9  # the paper: "delta_env >= 0.9: all algorithms experience high variance"
-    fig5_n: list[int] = [2, 3, 4, 5, 6, 7, 8, 10, 15, 20, 35, 50]
-    fig5_deltas: list[float] = [round(1 / n, 4) for n in [2, 3, 4, 5, 6, 7, 8, 10, 15, 20, 35, 50]]
+    n: PositiveInt = 20
+    runs: PositiveInt = 10
+    steps: PositiveInt = 60
+    alpha: PositiveFloat = 0.01
+    fig4_grid: Grid[NonNegativeFloat] = [round(x, 2) for x in np.linspace(0, 0.9, 10)]  # delta_env and delta_obj
+    fig4_reliable_below: NonNegativeFloat = 0.9  # the paper: "delta_env >= 0.9: high variance for all"
+    fig5_n: Grid[PositiveInt] = [2, 3, 4, 5, 6, 7, 8, 10, 15, 20, 35, 50]
+    fig5_deltas: Grid[Fraction] = [round(1 / n, 4) for n in [2, 3, 4, 5, 6, 7, 8, 10, 15, 20, 35, 50]]
 
 
 def improvement(base: np.ndarray, affpcl: np.ndarray) -> np.ndarray:

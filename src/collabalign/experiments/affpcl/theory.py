@@ -5,9 +5,10 @@ diminishing steps, and the speed-up over independent learning against max{1/n, d
 from __future__ import annotations
 
 import numpy as np
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Grid, Strict
 from collabalign.experiments.affpcl import plots
 from collabalign.experiments.affpcl.shared import MATCH, last_mse, tagged
 from collabalign.fits import loglog_slope
@@ -34,16 +35,16 @@ PAIR = {"il": IL(), "affpcl": AffPCL()}
 
 class TheoryConfig(Strict):
     run: bool = True
-    rate_n: int = 20
-    rate_levels: list[float] = [0.0, 0.2]
-    rate_steps: int = 2000
-    rate_runs: int = 6
-    rate_c: float = 2.0
-    speedup_n_list: list[int] = [2, 5, 10, 20, 50]
-    speedup_deltas: list[float] = [0.05, 0.2, 0.5, 0.8]
-    speedup_n: int = 50
-    speedup_steps: int = 2000
-    speedup_runs: int = 6
+    rate_n: PositiveInt = 20
+    rate_levels: Grid[NonNegativeFloat] = [0.0, 0.2]
+    rate_steps: PositiveInt = 2000
+    rate_runs: PositiveInt = 6
+    rate_c: PositiveFloat = 2.0
+    speedup_n_list: Grid[PositiveInt] = [2, 5, 10, 20, 50]
+    speedup_deltas: Grid[NonNegativeFloat] = [0.05, 0.2, 0.5, 0.8]
+    speedup_n: PositiveInt = 50
+    speedup_steps: PositiveInt = 2000
+    speedup_runs: PositiveInt = 6
 
 
 def theory_steps(system: GaussianSystems, steps: int, c: float = 2.0, alpha0: float = 0.01) -> np.ndarray:

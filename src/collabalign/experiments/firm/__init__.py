@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import NonNegativeInt
+
 from collabalign.config import Strict
 from collabalign.data.paths import shared_data_dir
 from collabalign.experiments.firm import lm, momdp, quadratic, reward_models, solver_checks, toy
@@ -26,7 +28,7 @@ TITLE = ("FIRM: federated in-client regularised multi-objective alignment (solve
 
 
 class Config(Strict):
-    seed: int = 0
+    seed: NonNegativeInt = 0
     solver: SolverConfig = SolverConfig()
     quadratic: QuadraticConfig = QuadraticConfig()
     momdp: MOMDPConfig = MOMDPConfig()

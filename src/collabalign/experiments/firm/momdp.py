@@ -6,9 +6,10 @@ Each seed is a fresh MOMDP (replicate); variants (β × η) run side by side on 
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Fraction, Grid, Strict
 from collabalign.experiments.firm import plots
 from collabalign.experiments.firm.common import summary, tagged
 from collabalign.methods.firm.tfirm import MOMDP, Critic, Setting, Variant, critic_errors, simulate
@@ -53,27 +54,27 @@ CRITIC_BATCH = claims.superiority(
 
 class MOMDPConfig(Strict):
     run: bool = True
-    seeds: int = 5
-    states: int = 6
-    actions: int = 3
-    gamma: float = 0.9
-    clients: int = 8
-    rounds: int = 100
-    local_steps: int = 5
-    batch: int = 32
-    alpha: float = 0.5
-    critic_step: float = 0.5
-    critic_iterations: int = 5
-    critic_batch: int = 16
-    radius: float = 40.0
-    betas: list[float] = [0.0, 0.01, 0.1, 1.0]
+    seeds: PositiveInt = 5
+    states: PositiveInt = 6
+    actions: int = Field(3, ge=2)
+    gamma: float = Field(0.9, ge=0, lt=1)
+    clients: PositiveInt = 8
+    rounds: PositiveInt = 100
+    local_steps: PositiveInt = 5
+    batch: PositiveInt = 32
+    alpha: PositiveFloat = 0.5
+    critic_step: PositiveFloat = 0.5
+    critic_iterations: PositiveInt = 5
+    critic_batch: PositiveInt = 16
+    radius: PositiveFloat = 40.0
+    betas: Grid[NonNegativeFloat] = [0.0, 0.01, 0.1, 1.0]
     normalize: bool = False  # the theory has no trace normalisation (spec §9 item 4)
-    window: float = 0.1
-    sweep_beta: float = 0.01
-    batch_sweep: list[int] = [8, 32, 128]
-    client_sweep: list[int] = [2, 8, 16]
-    lemma3_iterations: int = 1000
-    lemma3_batches: list[int] = [4, 16, 64]
+    window: Fraction = 0.1
+    sweep_beta: NonNegativeFloat = 0.01
+    batch_sweep: Grid[PositiveInt] = [8, 32, 128]
+    client_sweep: Grid[PositiveInt] = [2, 8, 16]
+    lemma3_iterations: PositiveInt = 1000
+    lemma3_batches: Grid[PositiveInt] = [4, 16, 64]
 
 
 def setting(cfg: MOMDPConfig, clients: int | None = None, batch: int | None = None) -> Setting:

@@ -8,10 +8,10 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
-from pydantic import model_validator
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Distinct, Grid, Probability, Strict
 from collabalign.experiments.firm import plots
 from collabalign.experiments.firm.common import last_mean, preference, summary, tagged
 from collabalign.methods.firm.quadratic import Quadratic, Setting, simulate
@@ -53,26 +53,26 @@ BYTES_FMOL = claims.exact(
 
 class QuadraticConfig(Strict):
     run: bool = True
-    seeds: int = 10
-    clients: int = 8
-    d: int = 20
-    rounds: int = 40
-    local_steps: int = 5
-    alpha: float = 0.02
-    batch: int = 16
-    rho_noise: float = 0.5
-    sigmas: list[float] = [0.5, 2.0]
-    noisy_sigma: float = 2.0
-    betas: list[float] = [0.0, 0.01, 0.05, 0.1, 0.5, 1.0]
-    firm_beta: float = 0.01
-    baselines: list[Literal["fedcmoo", "ls", "fmol"]] = ["fedcmoo", "ls", "fmol"]
+    seeds: PositiveInt = 10
+    clients: PositiveInt = 8
+    d: PositiveInt = 20
+    rounds: PositiveInt = 40
+    local_steps: PositiveInt = 5
+    alpha: PositiveFloat = 0.02
+    batch: PositiveInt = 16
+    rho_noise: Probability = 0.5
+    sigmas: Grid[NonNegativeFloat] = [0.5, 2.0]
+    noisy_sigma: NonNegativeFloat = 2.0
+    betas: Grid[NonNegativeFloat] = [0.0, 0.01, 0.05, 0.1, 0.5, 1.0]
+    firm_beta: NonNegativeFloat = 0.01
+    baselines: Distinct[Literal["fedcmoo", "ls", "fmol"]] = ["fedcmoo", "ls", "fmol"]
     three_objectives: bool = True  # the M = 3 variant at the noisy σ
-    preference_ratios: list[float] = [0.1, 0.5, 1.0, 2.0, 10.0]
-    preference_sigma: float = 0.5
-    preference_rounds: int = 60
-    floor_window: int = 5
-    extras: list[Literal["conflict", "hetero"]] = ["conflict", "hetero"]  # β sweeps at the noisy σ, no claims
-    hetero: float = 0.1
+    preference_ratios: Grid[PositiveFloat] = [0.1, 0.5, 1.0, 2.0, 10.0]
+    preference_sigma: NonNegativeFloat = 0.5
+    preference_rounds: PositiveInt = 60
+    floor_window: PositiveInt = 5
+    extras: Distinct[Literal["conflict", "hetero"]] = ["conflict", "hetero"]  # β sweeps at the noisy σ, no claims
+    hetero: NonNegativeFloat = 0.1
 
     @model_validator(mode="after")
     def _firm_in_sweep(self) -> QuadraticConfig:

@@ -16,7 +16,7 @@ from typing import Any
 from pydantic import Field
 
 from collabalign.claims import _rounded, confirmed, not_run, superiority
-from collabalign.config import Strict
+from collabalign.config import Distinct, Strict
 from collabalign.data.paths import shared_data_dir
 from collabalign.data.pku_saferlhf import PKU_FILE, load_pku_saferlhf
 from collabalign.models.text_reward import HFRewardModel, SentenceEncoder, TextReward
@@ -63,7 +63,7 @@ class RewardModelsConfig(Strict):
     folds: int = Field(5, ge=2, le=20)
     repeats: int = Field(2, ge=1, le=20)  # folds x repeats held-out replicates per claim
     inner_folds: int = Field(5, ge=2, le=20)  # the inner CV that picks the helpfulness model
-    candidates: list[str] = Field(default_factory=lambda: list(HELPFUL_CANDIDATES), min_length=2)
+    candidates: Distinct[str] = Field(default_factory=lambda: list(HELPFUL_CANDIDATES), min_length=2)
     max_length: int = Field(256, ge=16, le=512)  # MiniLM word pieces per text (right-truncated)
 
 

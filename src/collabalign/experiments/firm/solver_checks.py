@@ -4,10 +4,13 @@ largest deviation, against its declared tolerance)."""
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
+from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Grid, Strict
 from collabalign.methods.firm.solver import gram, solve
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
@@ -38,10 +41,10 @@ VERTEX_FLIP = claims.exact(
 
 class SolverConfig(Strict):
     run: bool = True
-    instances: int = 300  # per (M, β)
-    objectives: list[int] = [2, 3, 5]
-    betas: list[float] = [0.0, 0.01, 0.1, 1.0]
-    d: int = 10
+    instances: PositiveInt = 300  # per (M, β)
+    objectives: Grid[Annotated[int, Field(ge=2)]] = [2, 3, 5]
+    betas: Grid[NonNegativeFloat] = [0.0, 0.01, 0.1, 1.0]
+    d: PositiveInt = 10
 
 
 def instances(rng: np.random.Generator, n: int, d: int, M: int) -> np.ndarray:

@@ -9,9 +9,10 @@ from __future__ import annotations
 from typing import Literal
 
 import numpy as np
+from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from collabalign import claims
-from collabalign.config import Strict
+from collabalign.config import Grid, Strict
 from collabalign.experiments.firm import plots
 from collabalign.experiments.firm.common import preference, summary, tagged
 from collabalign.methods.firm.rules import Rule
@@ -53,27 +54,34 @@ ABLATION_LAMBDA = claims.equivalence(
 
 class ToyConfig(Strict):
     run: bool = True
-    seeds: int = 10
-    clients: int = 8
-    rounds: int = 16
-    local_batches: int = 3
-    batch: int = 16
-    minibatch: int = 8
-    epochs: int = 3
-    lr: float = 0.03
+    seeds: PositiveInt = 10
+    clients: PositiveInt = 8
+    rounds: PositiveInt = 16
+    local_batches: PositiveInt = 3
+    batch: PositiveInt = 16
+    minibatch: PositiveInt = 8
+    epochs: PositiveInt = 3
+    lr: PositiveFloat = 0.03
     kl: Literal["fixed", "adaptive"] = "fixed"  # see the note: TRL's controller barely moves in 48 batches
-    kl_coef: float = 0.05
-    kl_target: float = 0.03
-    beta: float = 0.01
-    final_rounds: int = 3
-    rq2_clients: int = 2
-    rq2_betas: list[float] = [0.0, 0.01, 0.05, 0.5]
-    correlated_batch: int = 8
-    correlated_minibatch: int = 4
-    preference_ratios: list[float] = [0.1, 0.5, 1.0, 2.0, 10.0]
+    kl_coef: NonNegativeFloat = 0.05
+    kl_target: PositiveFloat = 0.03
+    beta: NonNegativeFloat = 0.01
+    final_rounds: PositiveInt = 3
+    rq2_clients: PositiveInt = 2
+    rq2_betas: Grid[NonNegativeFloat] = [0.0, 0.01, 0.05, 0.5]
+    correlated_batch: PositiveInt = 8
+    correlated_minibatch: PositiveInt = 4
+    preference_ratios: Grid[PositiveFloat] = [0.1, 0.5, 1.0, 2.0, 10.0]
     ablations: bool = True
-    dirichlet_alpha: float = 0.3
-    big_clients: int = 16
+    dirichlet_alpha: PositiveFloat = 0.3
+    big_clients: PositiveInt = 16
+
+    @model_validator(mode="after")
+    def _minibatches_fit(self) -> ToyConfig:
+        if self.minibatch > self.batch or self.correlated_minibatch > self.correlated_batch:
+            raise ValueError(f"a minibatch exceeds its batch: minibatch {self.minibatch} > batch {self.batch} or "
+                             f"correlated_minibatch {self.correlated_minibatch} > {self.correlated_batch}")
+        return self
 
 
 def setting(cfg: ToyConfig, clients: int, batch: int | None = None, minibatch: int | None = None) -> Setting:

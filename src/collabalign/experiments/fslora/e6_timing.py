@@ -40,7 +40,7 @@ def e6_part(cfg: Config) -> Part:
         for method in METHODS:
             arm = Arm(method, fed.rank, fed.ratios, ROUNDS_PER_TURN)
             result = simulate(algorithm(arm, problem, ranks, fed), clients, arm.rounds, seed, eval_every=arm.rounds,
-                              progress=False)
+                              options=fed.engine, progress=False)
             rounds[method] += [(t["client_s"], t["server_s"]) for t in result.timing]
     per_rep = {m: np.asarray(v).reshape(cfg.timing_reps, ROUNDS_PER_TURN, 2).mean(1) for m, v in rounds.items()}
     device = {m: v[:, 0] for m, v in per_rep.items()}

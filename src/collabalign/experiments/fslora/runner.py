@@ -91,8 +91,8 @@ class Runner:
         ranks = device_ranks(Seeds(seed), list(clients), arm.rank, arm.ratios)
         label = " ".join(f"{v}" for v in tag.values()) + f" {arm.method} seed {seed}"
         method = algorithm(arm, problem, ranks, self.fed)
-        result = simulate(method, clients, arm.rounds, seed, eval_every=self.fed.eval_every, progress=self.progress,
-                          label=label)
+        result = simulate(method, clients, arm.rounds, seed, eval_every=self.fed.eval_every, options=self.fed.engine,
+                          progress=self.progress, label=label)
         delta = method.delta_weights(result.state)
         without = problem.evaluate({n: np.zeros_like(d) for n, d in delta.items()}, head_of(result.state))
         result.metrics[-1]["score_without_lora"] = headline(without)  # the trained head alone

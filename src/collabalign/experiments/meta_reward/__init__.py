@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pydantic import NonNegativeInt
+
 from collabalign.config import Strict
 from collabalign.data.paths import shared_data_dir
 from collabalign.experiments.meta_reward import bandit, sentiment
@@ -20,7 +22,7 @@ TITLE = "Meta-learned reward model for out-of-distribution preference learning (
 
 
 class Config(Strict):
-    seed: int = 0
+    seed: NonNegativeInt = 0
     bandit: BanditConfig = BanditConfig()
     sentiment: SentimentConfig = SentimentConfig()
 

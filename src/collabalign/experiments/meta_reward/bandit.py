@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field, model_validator
+from pydantic import Field, NonNegativeInt, PositiveFloat, model_validator
 
 from collabalign import claims
 from collabalign.claims import Claim
+from collabalign.config import Grid
 from collabalign.methods.meta_reward.bandit import (
     BanditSettings,
     BanditWorld,
@@ -75,27 +76,18 @@ class BanditConfig(BanditSettings):
 
     run: bool = True
     seeds: int = Field(5, ge=1)
-    folds: list[int] = [0, 1, 2, 3]  # held-out domains (leave-one-domain-out)
-    shared_betas: list[float] = [1.0, 4.0]
-    beta_grid: list[float] = [0.1, 1.0, 2.0, 4.0, 8.0]  # tuned protocol and the β sweep
-    sh_values: list[int] = [0, 1]
-    temperatures: list[float] = [0.25, 0.5, 0.75, 1.0]
+    folds: Grid[NonNegativeInt] = [0, 1, 2, 3]  # held-out domains (leave-one-domain-out)
+    shared_betas: Grid[PositiveFloat] = [1.0, 4.0]
+    beta_grid: Grid[PositiveFloat] = [0.1, 1.0, 2.0, 4.0, 8.0]  # tuned protocol and the β sweep
+    sh_values: Grid[Literal[0, 1]] = [0, 1]
+    temperatures: Grid[PositiveFloat] = [0.25, 0.5, 0.75, 1.0]
     check_steps: int = Field(5, ge=1)
 
     @model_validator(mode="after")
     def _valid(self) -> BanditConfig:
-        if not self.folds or len(set(self.folds)) != len(self.folds):
-            raise ValueError(f"folds must be distinct held-out domains, got {self.folds}")
-        bad = [h for h in self.folds if not 0 <= h < self.n_dom]
+        bad = [h for h in self.folds if h >= self.n_dom]
         if bad:
             raise ValueError(f"held-out domain(s) {bad} outside 0..{self.n_dom - 1}")
-        if not self.sh_values or any(s not in (0, 1) for s in self.sh_values) or len(set(self.sh_values)) != len(
-                self.sh_values):
-            raise ValueError(f"s_h values must be distinct values in {{0, 1}}, got {self.sh_values}")
-        if any(not b > 0 for b in self.shared_betas + self.beta_grid) or not self.beta_grid:
-            raise ValueError(f"every β must be > 0 and the grid non-empty: {self.shared_betas}, {self.beta_grid}")
-        if any(not t > 0 for t in self.temperatures):
-            raise ValueError(f"temperatures must be > 0, got {self.temperatures}")
         if self.test_steps < self.inner_steps:
             raise ValueError(f"test_steps {self.test_steps} < inner_steps {self.inner_steps}: the matched meta-test "
                              "is read off the converged run")

@@ -5,39 +5,40 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import field_validator
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
-from collabalign.config import Strict
+from collabalign.config import Distinct, Fraction, Grid, Probability, Strict
+from collabalign.federation.engine import EngineOptions
 from collabalign.methods.pshare_lora import METHODS
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
 from collabalign.methods.pshare_lora.text import TextTraining
 
-Zeta = float | Literal["theory", "oracle"]
+Zeta = NonNegativeFloat | Literal["theory", "oracle"]
 Source = Literal["tldr_like", "hh", "tldr"]
 
 
 class SweepConfig(Strict):
-    seeds: list[int] | None = None  # None: the main comparison's seeds
-    methods: list[str] = ["global", "local", "pshare_si", "pshare_g", "full"]
-    n_train: list[int] = [25, 50, 100, 200, 400, 800, 1600]  # N_p at the problem's defaults
-    users: list[int] = []  # N at the problem's N_p
-    spectrum_decay: list[float] = []  # c: the k-th direction of every W*_i scaled by c (smaller ν)
-    tail: list[float] = []  # η, each at every tail_n_train
-    tail_n_train: list[int] = [100, 800]
-    target_fraction: float = 0.85  # crossover: pairs per user to reach this fraction of the oracle accuracy
+    seeds: Grid[NonNegativeInt] | None = None  # None: the main comparison's seeds
+    methods: Grid[str] = ["global", "local", "pshare_si", "pshare_g", "full"]
+    n_train: Grid[PositiveInt] = [25, 50, 100, 200, 400, 800, 1600]  # N_p at the problem's defaults
+    users: Distinct[PositiveInt] = []  # N at the problem's N_p
+    spectrum_decay: Distinct[PositiveFloat] = []  # c: the k-th direction of every W*_i scaled by c (smaller ν)
+    tail: Distinct[NonNegativeFloat] = []  # η, each at every tail_n_train
+    tail_n_train: Grid[PositiveInt] = [100, 800]
+    target_fraction: Fraction = 0.85  # crossover: pairs per user to reach this fraction of the oracle accuracy
 
 
 class BanditConfig(Strict):
     run: bool = False
-    prompts: int = 20  # S
-    candidates: int = 10  # K
-    coverage: float = 0.5  # fraction of each prompt's candidates that mu_0 = mu_1 cover
-    n_train: list[int] = [25, 50, 100, 200]  # N_p, comparisons per user (nested: the first N_p of one draw)
-    zetas: list[Zeta] = [0.0, 0.01, 0.1, "theory", "oracle"]  # "theory": `bandit.theory_zeta`; "oracle": ||D^-D*||^2
-    methods: list[str] = ["global", "local", "pshare_si", "pshare_g", "full"]
+    prompts: PositiveInt = 20  # S
+    candidates: int = Field(10, ge=2)  # K
+    coverage: Fraction = 0.5  # fraction of each prompt's candidates that mu_0 = mu_1 cover
+    n_train: Grid[PositiveInt] = [25, 50, 100, 200]  # N_p, comparisons per user (nested: the first N_p of one draw)
+    zetas: Grid[Zeta] = [0.0, 0.01, 0.1, "theory", "oracle"]  # "theory": `bandit.theory_zeta`; "oracle": ||D^-D*||^2
+    methods: Grid[str] = ["global", "local", "pshare_si", "pshare_g", "full"]
     train: TrainConfig = TrainConfig(steps=600)  # the main run's recipe, fewer steps
-    iters: int = 200  # exponentiated-gradient iterations of the policy solver
-    step: float = 1.0  # its largest step, in reward units per prompt
+    iters: PositiveInt = 200  # exponentiated-gradient iterations of the policy solver
+    step: PositiveFloat = 1.0  # its largest step, in reward units per prompt
 
     @field_validator("zetas")
     @classmethod
@@ -49,51 +50,52 @@ class BanditConfig(Strict):
 
 class FederatedConfig(Strict):
     run: bool = False
-    rounds: int = 150
-    local_steps: int = 10  # H; the centralised methods get rounds * H full steps, the same per user
-    lr: float = 0.02
+    rounds: PositiveInt = 150
+    local_steps: PositiveInt = 10  # H; the centralised methods get rounds * H full steps, the same per user
+    lr: PositiveFloat = 0.02
     optimizer: Literal["adam", "sgd"] = "adam"  # local optimiser, fresh each round (the centralised runs use Adam)
-    batch_size: int = 0  # per client; 0: full batch. Centralised runs use batch_size * users mixed-user batches
-    fraction: float = 1.0  # clients sampled per round
+    batch_size: NonNegativeInt = 0  # per client; 0: full batch. Centralised: batch_size * users mixed-user batches
+    fraction: Fraction = 1.0  # clients sampled per round
     norm_projection: bool = True  # as the centralised runs: ||Delta Theta_i||_F <= norm_slack * max_i ||Delta*_i||
-    norm_slack: float = 1.1
-    global_fraction: float = 2 / 3  # G: rounds of FedAvg-LoRA first, then personal at lr / 3
-    warmup_fraction: float = 0.1  # WU: rounds of FedAvg-LoRA first
-    methods: list[str] = ["fed_pshare_si", "fed_pshare_wu", "fedavg_lora", "fed_local", "central_pshare_si",
+    norm_slack: PositiveFloat = 1.1
+    global_fraction: Probability = 2 / 3  # G: rounds of FedAvg-LoRA first, then personal at lr / 3
+    warmup_fraction: Probability = 0.1  # WU: rounds of FedAvg-LoRA first
+    methods: Grid[str] = ["fed_pshare_si", "fed_pshare_wu", "fedavg_lora", "fed_local", "central_pshare_si",
                           "central_global"]
-    equivalence_band: float = 0.01  # fixed before running: federated vs centralised SI within ±1 accuracy point
-    eval_every: int = 10
+    equivalence_band: PositiveFloat = 0.01  # fixed before running: federated vs centralised SI within ±1 accuracy point
+    eval_every: PositiveInt = 10
+    engine: EngineOptions = EngineOptions()  # fault handling and the engine (simulator or Flower)
 
 
 class TextConfig(Strict):
     run: bool = False
-    sources: list[Source] = ["tldr_like", "hh"]  # "tldr": the real comparisons with their top labelers (spec §5)
+    sources: Grid[Source] = ["tldr_like", "hh"]  # "tldr": the real comparisons with their top labelers (spec §5)
     data_root: str | None = None  # tldr: a folder with {train,validation}.jsonl[.gz] in the hub schema; None: the hub
-    seeds: list[int] | None = None  # None: the experiment's seeds (text runs cost far more than synthetic ones)
+    seeds: Grid[NonNegativeInt] | None = None  # None: the experiment's seeds (text runs cost far more than synthetic)
     backbone: str = "minilm-l6"
-    users: int = 5
-    n_train: int = 300  # pairs per labeler (tldr: a cap; 0 = every balanced pair, 5,373 in the paper)
-    n_test: int = 300  # (tldr: 0 = 1,238 validation pairs per labeler)
-    rho: float = 0.6  # agreement of the labelers' attribute weights
-    tail: float = 0.0  # eta: individual deviations of the weights
-    oracle_accuracy: float = 0.77  # beta is calibrated to this expected agreement with the labeler's own reward
-    hh_pool: int = 0  # HH pairs used (the file's first ones); 0: all 2,312
-    max_length: int = 96
+    users: PositiveInt = 5
+    n_train: NonNegativeInt = 300  # pairs per labeler (tldr: a cap; 0 = every balanced pair, 5,373 in the paper)
+    n_test: NonNegativeInt = 300  # (tldr: 0 = 1,238 validation pairs per labeler)
+    rho: Probability = 0.6  # agreement of the labelers' attribute weights
+    tail: NonNegativeFloat = 0.0  # eta: individual deviations of the weights
+    oracle_accuracy: float = Field(0.77, gt=0.5, lt=1)  # beta is calibrated to this agreement with the own reward
+    hh_pool: NonNegativeInt = 0  # HH pairs used (the file's first ones); 0: all 2,312
+    max_length: PositiveInt = 96
     truncation_side: Literal["left", "right"] = "left"  # left keeps the summary of a long post (the paper: right, 2048)
-    lora_blocks: int = 2  # the top blocks with LoRA; the ones below are cached (>= every block: no cache)
-    targets: list[str] = ["query", "key"]  # the paper's Q/K (q_proj / k_proj on Llama)
+    lora_blocks: PositiveInt = 2  # the top blocks with LoRA; the ones below are cached (>= every block: no cache)
+    targets: Grid[str] = ["query", "key"]  # the paper's Q/K (q_proj / k_proj on Llama)
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16"] = "float32"  # the backbone's; LoRA factors and heads stay float32
     gradient_checkpointing: bool = False
-    micro_batch: int = 0  # pairs per forward / backward inside a batch (0: the whole batch)
-    rank: int = 8
-    alpha: float = 4.0
-    dropout: float = 0.05
-    batch_size: int = 32
-    epochs: float = 3.0
-    lr: float = 3e-3  # tuned once on LoRA-global (probe: 3e-4 .497, 1e-3 .563, 3e-3 .647, 1e-2 .643), for all
+    micro_batch: NonNegativeInt = 0  # pairs per forward / backward inside a batch (0: the whole batch)
+    rank: PositiveInt = 8
+    alpha: PositiveFloat = 4.0
+    dropout: float = Field(0.05, ge=0, lt=1)
+    batch_size: PositiveInt = 32
+    epochs: PositiveFloat = 3.0
+    lr: PositiveFloat = 3e-3  # tuned once on LoRA-global (probe: 3e-4 .497, 1e-3 .563, 3e-3 .647, 1e-2 .643), for all
     linear_schedule: bool = True
-    methods: list[str] = [m for m in METHODS if m != "full"]
+    methods: Grid[str] = [m for m in METHODS if m != "full"]
 
     def training(self) -> TextTraining:
         return TextTraining(self.rank, self.alpha, self.dropout, self.batch_size, self.epochs, self.lr,
@@ -102,15 +104,15 @@ class TextConfig(Strict):
 
 
 class Config(Strict):
-    seeds: list[int] = [0, 1, 2]
+    seeds: Grid[NonNegativeInt] = [0, 1, 2]
     problem: ProblemConfig = ProblemConfig()
     train: TrainConfig = TrainConfig()
-    methods: list[str] = list(METHODS)
+    methods: Distinct[str] = list(METHODS)  # empty: no synthetic comparison or sweeps
     sweep: SweepConfig = SweepConfig()
     bandit: BanditConfig = BanditConfig()  # spec §8.3, on the main problem's truth
     federated: FederatedConfig = FederatedConfig()  # users as clients, on the main problem
     text: TextConfig = TextConfig()  # spec §8.4: MiniLM reward models on TL;DR-like and HH-RLHF text
-    workers: int = 1  # processes for the independent fits (each fit is seeded on its own: results do not change)
+    workers: PositiveInt = 1  # processes for the independent fits (each is seeded on its own: results do not change)
 
     def sweep_seeds(self) -> list[int]:
         """The sweeps' seeds: their own, else the main comparison's."""

@@ -110,8 +110,8 @@ def run_federated(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int
     truth, data, test = problem
     clients = user_data(data, test, p.users)
     algorithm = build(method, cfg, p, truth, clients, max_norm)
-    result = simulate(algorithm, clients, cfg.rounds, seed, cfg.fraction, cfg.eval_every, progress=progress,
-                      label=f"{method} seed {seed}")
+    result = simulate(algorithm, clients, cfg.rounds, seed, cfg.fraction, cfg.eval_every, options=cfg.engine,
+                      progress=progress, label=f"{method} seed {seed}")
     res = evaluate(final_model(algorithm, result, cfg.rounds), truth, test)
     per_round = result.ledger.per_round()
     shared = algorithm.shared if isinstance(algorithm, PersonalLoRA) else list(algorithm.trainer.kinds)

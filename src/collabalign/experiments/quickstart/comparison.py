@@ -5,16 +5,28 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 
 from collabalign.claims import non_inferiority, superiority
-from collabalign.data import PreferenceSet, dirichlet, label_skew, load_hh_rlhf, shared_data_dir, tiny_preferences
+from collabalign.data import (
+    PreferenceSet,
+    attribute_labels,
+    dirichlet,
+    label_skew,
+    load_hh_rlhf,
+    shared_data_dir,
+    tiny_preferences,
+)
 from collabalign.experiments.quickstart.config import Config, DataConfig
 from collabalign.federation import simulate
+from collabalign.federation.aggregation import Aggregation, privacy_spent
 from collabalign.methods.fedavg import FedAvg, LocalOnly
-from collabalign.methods.reward_trainer import RewardTrainer, encode_pairs
+from collabalign.methods.reward_trainer import EncodedPairs, RewardTrainer, encode_pairs
 from collabalign.models.backbones import load_backbone
 from collabalign.models.cached import lora_top_blocks
 from collabalign.models.reward import RewardModel, pair_correct
@@ -49,47 +61,106 @@ def load_pairs(cfg: DataConfig, notes: list[str]) -> PreferenceSet:
     return data
 
 
-def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part:
-    """FedAvg-LoRA, local-only and centralised over the seeds; writes the ledgers, returns the part."""
-    notes: list[str] = []
+@dataclass
+class Setup:
+    """What every seed shares: the pairs, the labels the clients are split by, the LoRA reward model and tokenizer."""
+
+    pairs: PreferenceSet
+    labels: np.ndarray
+    model: RewardModel
+    tokenizer: Any
+    split: int  # blocks below the LoRA blocks, run once as cached features
+
+    def encode(self, cfg: DataConfig, rows: Sequence[int] | None = None) -> EncodedPairs:
+        """The pairs `rows` (default: all) tokenised and run through the frozen blocks, in one encoding."""
+        pairs = self.pairs.pairs if rows is None else [self.pairs.pairs[i] for i in rows]
+        return encode_pairs(self.model, self.tokenizer, pairs, cfg.max_length, self.split)
+
+
+def prepare(cfg: Config, notes: list[str]) -> Setup:
+    """The pairs and their split labels (a bad attribute name fails here, before any work), and the model."""
     pairs = load_pairs(cfg.data, notes)
+    labels = np.array(attribute_labels(pairs, cfg.split.attribute))
     backbone = load_backbone(cfg.model.backbone)
     model = RewardModel(backbone.model, backbone.causal)
     split = lora_top_blocks(model, cfg.model.lora_blocks, cfg.model.targets, cfg.model.rank, cfg.model.alpha)
+    return Setup(pairs, labels, model, backbone.tokenizer, split)
+
+
+def seed_split(cfg: Config, labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
+    """The seed's held-out pairs, its training pairs, and each client's share of the training pairs by client id
+    (positions in the training pairs), Dirichlet over the labels."""
+    perm = Seeds(seed).numpy("test-split").permutation(len(labels))
+    n_test = int(round(cfg.data.test_fraction * len(labels)))
+    test_idx, train_idx = np.sort(perm[:n_test]), np.sort(perm[n_test:])
+    parts = dirichlet(labels[train_idx], cfg.split.clients, cfg.split.alpha, Seeds(seed).numpy("partition"),
+                      cfg.split.min_pairs)
+    return test_idx, train_idx, dict(zip(client_ids(cfg), parts, strict=True))
+
+
+def client_ids(cfg: Config) -> list[str]:
+    """The clients' ids; a deployed node with partition id i runs the i-th."""
+    return [f"client{i}" for i in range(cfg.split.clients)]
+
+
+def reward_trainer(cfg: Config, setup: Setup, test: EncodedPairs) -> RewardTrainer:
+    return RewardTrainer(setup.model, test, cfg.train.lr, cfg.train.local_epochs, cfg.train.batch_size)
+
+
+def federated_job(cfg: Config, seed: int, own: Sequence[str] | None = None) -> tuple[FedAvg, dict[str, EncodedPairs]]:
+    """FedAvg-LoRA of `seed` as `comparison_part` builds it: the algorithm (its trainer scores the held-out pairs)
+    and the clients' data. `own` names the clients whose data this process holds (a deployed node: its one client,
+    from its partition id; the server: none): each of them, and the held-out set, is then encoded on its own, never
+    with the other clients' pairs, so results agree with the all-clients job (`own` None: one encoding of all pairs,
+    as `comparison_part`) to float rounding only: each encoding pads its batches to its own longest text."""
+    setup = prepare(cfg, [])
+    test_idx, train_idx, shares = seed_split(cfg, setup.labels, seed)
+    if own is None:
+        encoded = setup.encode(cfg.data)
+        test, clients = encoded[test_idx], {c: encoded[train_idx[p]] for c, p in shares.items()}
+    else:
+        if unknown := sorted(set(own) - set(shares)):
+            raise ValueError(f"unknown client(s) {unknown}: this job has {', '.join(shares)}")
+        test, clients = setup.encode(cfg.data, test_idx), {c: setup.encode(cfg.data, train_idx[shares[c]]) for c in own}
+    return FedAvg(reward_trainer(cfg, setup, test), server_rule(cfg.aggregation, seed)), clients
+
+
+def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part:
+    """FedAvg-LoRA, local-only and centralised over the seeds; writes the ledgers, returns the part."""
+    notes: list[str] = []
+    setup = prepare(cfg, notes)
+    pairs, labels = setup.pairs, setup.labels
     t0 = time.perf_counter()
     if progress:
-        print(f"quickstart: running {2 * len(pairs)} texts through the {split} frozen blocks once", file=sys.stderr)
-    encoded = encode_pairs(model, backbone.tokenizer, pairs.pairs, cfg.data.max_length, split)
+        print(f"quickstart: running {2 * len(pairs)} texts through the {setup.split} frozen blocks once",
+              file=sys.stderr)
+    encoded = setup.encode(cfg.data)
     feature_s = time.perf_counter() - t0
-    labels = np.array([str(p.attributes.get(cfg.split.attribute)) for p in pairs])
     shorter = np.array([len(p.chosen) < len(p.rejected) for p in pairs])  # a length heuristic as reference
     records, finals, ledgers, times, data_info = [], {}, {}, {}, []
     for seed in cfg.seeds:
-        perm = Seeds(seed).numpy("test-split").permutation(len(pairs))
-        n_test = int(round(cfg.data.test_fraction * len(pairs)))
-        test_idx, train_idx = np.sort(perm[:n_test]), np.sort(perm[n_test:])
-        parts = dirichlet(labels[train_idx], cfg.split.clients, cfg.split.alpha, Seeds(seed).numpy("partition"),
-                          cfg.split.min_pairs)
-        clients = {f"client{i}": encoded[train_idx[p]] for i, p in enumerate(parts)}
+        test_idx, train_idx, shares = seed_split(cfg, labels, seed)
+        n_test, parts = len(test_idx), list(shares.values())
+        clients = {c: encoded[train_idx[p]] for c, p in shares.items()}
         data_info.append({"seed": seed, "train_pairs": len(train_idx), "test_pairs": n_test,
                           "client_pairs": [len(p) for p in parts],
                           "label_skew_tv": round(label_skew(parts, labels[train_idx]), 4),
                           "shorter_reply_accuracy": float(shorter[test_idx].mean())})
-        trainer = RewardTrainer(model, encoded[test_idx], cfg.train.lr, cfg.train.local_epochs, cfg.train.batch_size)
-        runs = {"fedavg-lora": (FedAvg(trainer), clients, 1),
+        trainer = reward_trainer(cfg, setup, encoded[test_idx])
+        runs = {"fedavg-lora": (FedAvg(trainer, server_rule(cfg.aggregation, seed)), clients, 1),
                 "local-only": (LocalOnly(trainer), clients, cfg.train.local_only_eval_every),
                 "centralised": (FedAvg(trainer), {"central": encoded[train_idx]}, 1)}
         for method, (algorithm, data, every) in runs.items():
             start = time.perf_counter()
-            result = simulate(algorithm, data, cfg.train.rounds, seed, eval_every=every, progress=progress,
-                              label=f"{method} seed {seed}")
+            result = simulate(algorithm, data, cfg.train.rounds, seed, eval_every=every, options=cfg.engine,
+                              progress=progress, label=f"{method} seed {seed}")
             times[f"{method}/seed{seed}"] = round(time.perf_counter() - start, 2)
             records += [{"method": method, "seed": seed, **r} for r in result.metrics]
-            if method == "local-only":  # per test pair: the mean over clients of their own models' correctness
-                finals[method, seed] = torch.stack([pair_correct(*trainer.test_rewards(c.state))
-                                                    for c in result.clients.values()]).mean(0)
+            if method == "local-only":  # the mean over clients of their own models' accuracy, evaluated where the
+                finals[method, seed] = torch.tensor(result.metrics[-1]["accuracy"])  # models live (also on Flower)
             else:
                 finals[method, seed] = pair_correct(*trainer.test_rewards(result.state))
+                run_dir.write_arrays(f"adapters/{method}-seed{seed}.safetensors", result.state)
             if seed == cfg.seeds[0] and method != "centralised":
                 ledgers[method] = result.ledger
     run_dir.write_ledgers(ledgers)
@@ -99,12 +170,23 @@ def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part
     metrics["data"] = {"source": pairs.source, "pairs": len(pairs), "dropped": pairs.dropped,
                        "attribute": cfg.split.attribute, "alpha": cfg.split.alpha, "per_seed": data_info}
     metrics["bytes_per_round_fedavg"] = ledgers["fedavg-lora"].total() // cfg.train.rounds
+    if cfg.aggregation.privacy is not None:  # every client takes part in every round
+        metrics["privacy"] = {"epsilon": privacy_spent(cfg.aggregation.privacy, cfg.split.clients, cfg.split.clients,
+                                                       cfg.train.rounds), "delta": cfg.aggregation.privacy.delta}
     metrics["seconds"] = {"features": round(feature_s, 2), **times}
     notes.append(f"Clients: {cfg.split.clients}, Dirichlet(alpha={cfg.split.alpha}) over the `{cfg.split.attribute}` "
                  f"attribute; {cfg.model.backbone} with rank-{cfg.model.rank} LoRA on {cfg.model.targets} of the top "
                  f"{cfg.model.lora_blocks} block(s); {cfg.train.rounds} rounds x {cfg.train.local_epochs} local "
                  f"epoch(s); centralised trains the same epochs on all training pairs.")
     return Part(decide_claims(cfg, finals), records, metrics, notes)
+
+
+def server_rule(aggregation: Aggregation, seed: int) -> Aggregation:
+    """FedAvg-LoRA's server rule for one seed: with DP, the noise stream is drawn from that seed."""
+    if aggregation.privacy is None:
+        return aggregation
+    noise = aggregation.privacy.model_copy(update={"seed": Seeds(seed).entropy("dp-noise")})
+    return aggregation.model_copy(update={"privacy": noise})
 
 
 def accuracy_points(finals: dict, method: str, seeds: list[int]) -> np.ndarray:

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 
 from collabalign.comm import Message
-from collabalign.federation.protocol import Algorithm, ClientContext
+from collabalign.federation.engine import ReplySpec
+from collabalign.federation.protocol import Algorithm, ClientContext, evaluate_per_client
 from collabalign.methods.affpcl.systems import GaussianSystems
 from collabalign.methods.fedavg import Params
 from collabalign.seeding import Seeds
@@ -41,9 +42,13 @@ class _Linear:
     def phi_mul(self, s: np.ndarray, theta: np.ndarray) -> np.ndarray:
         return self.system.phi_mul(s[None, None], theta[None, None])[0, 0]
 
-    def mse(self, xs: dict[int, np.ndarray]) -> dict[str, float]:
-        err = [float(((x - self.system.xstar[0, i]) ** 2).sum()) for i, x in xs.items()]
-        return {"mse0": float(np.mean(err)), "mse_agent1": err[0] if 0 in xs else float("nan")}
+    def error(self, i: int, x: np.ndarray) -> float:
+        """Squared distance of agent i's iterate `x` from its solution."""
+        return float(((x - self.system.xstar[0, i]) ** 2).sum())
+
+    def mse(self, errors: dict[int, float]) -> dict[str, float]:
+        """Mean squared error over the agents (by index) and the first agent's own."""
+        return {"mse0": float(np.mean(list(errors.values()))), "mse_agent1": errors.get(0, float("nan"))}
 
 
 class AffPCLFederated(_Linear):
@@ -72,6 +77,11 @@ class AffPCLFederated(_Linear):
         up = {"s": s, "g_c": self.a_mul(s, xc) - b, "g_b": self.phi_mul(s, theta) - b, "corr": corr}
         return Message({k: v.astype(np.float32) for k, v in up.items()})
 
+    def reply_spec(self, state: dict, message: Message, cid: str) -> ReplySpec:
+        """The step's sample and the three d-vectors the server's updates need; agents are averaged uniformly."""
+        d = self.system.d
+        return ReplySpec({name: ((d,), "<f4") for name in ("s", "g_c", "g_b", "corr")}, count=False)
+
     def aggregate(self, state: dict, replies: dict[str, Message], round_: int) -> dict[str, Any]:
         ids = sorted(replies, key=lambda c: int(c.removeprefix("agent")))
         if len(ids) != self.system.n:
@@ -83,14 +93,18 @@ class AffPCLFederated(_Linear):
                 "theta": state["theta"] - self.alpha * get("g_b").mean(0), "G": dict(zip(ids, g, strict=True))}
 
     def evaluate(self, state: dict, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
-        """MSE of x^i_{t+1}: the pending half-step is applied with the server's current G^i."""
-        xs = {}
-        for cid, c in clients.items():
-            x = c.state.get("x", np.zeros(self.system.d))
-            if "local" in c.state:
-                x = x - self.alpha * (c.state["local"] + state["G"][cid])
-            xs[c.data["index"]] = x
-        return self.mse(xs)
+        return evaluate_per_client(self, state, clients, round_)
+
+    def client_metrics(self, state: dict, client: ClientContext, round_: int) -> dict[str, float]:
+        """The agent's squared error of x^i_{t+1}: its pending half-step applied with the server's current G^i."""
+        i, x = client.data["index"], client.state.get("x", np.zeros(self.system.d))
+        if "local" in client.state:
+            x = x - self.alpha * (client.state["local"] + state["G"][client.cid])
+        return {"index": float(i), "error": self.error(i, x)}
+
+    def combine_metrics(self, state: dict, per_client: dict[str, dict[str, float]], round_: int) -> dict[str, float]:
+        """MSE over the agents."""
+        return self.mse({int(m["index"]): m["error"] for m in per_client.values()})
 
 
 class LocalStep(_Linear):
@@ -109,7 +123,7 @@ class LocalStep(_Linear):
 
     def evaluate(self, params: Params) -> dict[str, float]:
         x = params["x"].astype(float)
-        return self.mse(dict.fromkeys(range(self.system.n), x))
+        return self.mse({i: self.error(i, x) for i in range(self.system.n)})
 
 
 def payload_bytes(algorithm: Algorithm, data: dict[str, dict[str, Any]]) -> dict[str, int]:

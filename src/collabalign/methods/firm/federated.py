@@ -19,8 +19,9 @@ import numpy as np
 import torch
 
 from collabalign.comm import Message
+from collabalign.federation.aggregation import weighted_average
+from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext
-from collabalign.methods.fedavg import weighted_average
 from collabalign.methods.firm.solver import solve
 from collabalign.policy import (
     AdaptiveKL,
@@ -183,6 +184,14 @@ class FederatedPPO:
         client.state.update(save_optimizer(actor, "actor"))
         client.state.update(save_optimizer(critic, "critic"))
         client.state.update(kl.state())
+
+    def reply_spec(self, state: dict, message: Message, cid: str) -> ReplySpec:
+        """Gradient phase: the P x M objective gradients (M is the client's number of reward models); otherwise the
+        trained adapters, measured from the round's θ_t."""
+        params = state["params"]
+        if message.meta.get("phase") == "grad":
+            return ReplySpec({"grads": ((sum(v.size for v in params.values()), -1), "<f4")})
+        return ReplySpec({k: (v.shape, v.dtype.str) for k, v in params.items()}, dict(params))
 
     def aggregate(self, state: dict, replies: dict[str, Message], round_: int) -> dict:
         ordered = [replies[cid] for cid in sorted(replies)]

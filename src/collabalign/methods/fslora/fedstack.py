@@ -7,8 +7,9 @@ from __future__ import annotations
 import numpy as np
 
 from collabalign.comm import Message
+from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext
-from collabalign.methods.fslora.common import head_arrays, head_of, lora_scale, mean_head
+from collabalign.methods.fslora.common import HEAD, head_arrays, head_of, lora_scale, mean_head
 from collabalign.methods.fslora.problems import TorchLoRAProblem
 from collabalign.seeding import Seeds
 
@@ -46,6 +47,14 @@ class FedStackLoRA:
         for name, (B, A) in trained.items():
             arrays[f"{name}.B"], arrays[f"{name}.A"] = B, A
         return Message(arrays | head_arrays(head), {"k": k})
+
+    def reply_spec(self, state: State, message: Message, cid: str) -> ReplySpec:
+        """The device's fresh rank-k factors per layer and its trained head (measured from the sent one)."""
+        k, arrays = message.meta["k"], {}
+        for name, (m, n) in self.problem.shapes.items():
+            arrays[f"{name}.B"], arrays[f"{name}.A"] = ((m, k), "<f4"), ((k, n), "<f4")
+        head = {key: state[key] for key in state if key.startswith(HEAD)}
+        return ReplySpec(arrays | {key: (v.shape, v.dtype.str) for key, v in head.items()}, head, count=False)
 
     def aggregate(self, state: State, replies: dict[str, Message], round_: int) -> State:
         ids = sorted(replies)

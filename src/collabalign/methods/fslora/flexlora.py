@@ -9,6 +9,7 @@ from typing import Literal
 import numpy as np
 
 from collabalign.comm import Message
+from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext
 from collabalign.methods.fslora.common import head_arrays, head_of, lora_scale, mean_head
 from collabalign.methods.fslora.problems import TorchLoRAProblem
@@ -67,6 +68,10 @@ class FlexLoRA:
         for name, (B, A) in trained.items():
             arrays[f"{name}.B"], arrays[f"{name}.A"] = B, A
         return Message(arrays | head_arrays(head), {"k": message.meta["k"]})
+
+    def reply_spec(self, state: State, message: Message, cid: str) -> ReplySpec:
+        """The sent factors and head come back trained; no sample count (devices are averaged uniformly)."""
+        return ReplySpec.mirror(message, count=False)
 
     def aggregate(self, state: State, replies: dict[str, Message], round_: int) -> State:
         """dW = (1/N) sum_i s B_i A_i = (s/N) [B_1 ... B_N] [A_1; ...; A_N]: one product of the stacked factors."""

@@ -13,8 +13,17 @@ from typing import Literal
 import numpy as np
 
 from collabalign.comm import Message
+from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext
-from collabalign.methods.fslora.common import ServerAdam, head_arrays, head_of, lora_scale, mean_head, scatter_mean
+from collabalign.methods.fslora.common import (
+    HEAD,
+    ServerAdam,
+    head_arrays,
+    head_of,
+    lora_scale,
+    mean_head,
+    scatter_mean,
+)
 from collabalign.methods.fslora.problems import TorchLoRAProblem
 from collabalign.seeding import Seeds
 
@@ -110,6 +119,20 @@ class SubspaceLoRA:
                 else:
                     upload[f"{key}.values"], upload[f"{key}.index"] = top_k(delta, self.upload_top_k)
         return Message(upload | head_arrays(head), {"k": k})
+
+    def reply_spec(self, state: State, message: Message, cid: str) -> ReplySpec:
+        """Per layer the updates of the device's k-block (dense, or top-k values and flat indices) and the trained
+        head, measured from the sent one."""
+        k, arrays = message.meta["k"], {}
+        for name, (m, n) in self.problem.shapes.items():
+            for key, shape in ((f"{name}.dB", (m, k)), (f"{name}.dA", (k, n))):
+                if self.upload_top_k is None:
+                    arrays[key] = (shape, "<f4")
+                else:
+                    keep = (math.ceil(self.upload_top_k * shape[0] * shape[1]),)
+                    arrays[f"{key}.values"], arrays[f"{key}.index"] = (keep, "<f4"), (keep, "<i4")
+        head = {key: v for key, v in message.items() if key.startswith(HEAD)}
+        return ReplySpec(arrays | {key: (v.shape, v.dtype.str) for key, v in head.items()}, head, count=False)
 
     def _delta(self, reply: Message, key: str, shape: tuple[int, int]) -> np.ndarray:
         if key in reply:

@@ -25,8 +25,10 @@ import torch
 from torch import nn
 
 from collabalign.comm import Message
-from collabalign.federation.protocol import ClientContext
-from collabalign.methods.fedavg import Params, weighted_average
+from collabalign.federation.aggregation import weighted_average
+from collabalign.federation.engine import ReplySpec
+from collabalign.federation.protocol import ClientContext, evaluate_per_client
+from collabalign.methods.fedavg import Params
 from collabalign.methods.pshare_lora.local_trainer import INIT_STREAM, Kind, RoutedLoRA, summary
 from collabalign.methods.pshare_lora.train import Prefs
 from collabalign.seeding import Seeds
@@ -106,6 +108,11 @@ class PersonalLoRA:
                                         [clients[cid].torch_rng for cid in ids], self.lr(messages[ids[0]]))
         return {cid: self.finish(messages[cid], clients[cid], t) for cid, t in zip(ids, trained, strict=True)}
 
+    def reply_spec(self, state: dict[str, Any], message: Message, cid: str) -> ReplySpec:
+        """The sent parameters (the shared ones in the personal phase, else all) come back trained, with n."""
+        sent = self.shared if message.meta["personal"] else list(self.trainer.kinds)
+        return ReplySpec({n: (message[n].shape, message[n].dtype.str) for n in sent}, {n: message[n] for n in sent})
+
     def aggregate(self, state: dict[str, Any], replies: dict[str, Message], round_: int) -> dict[str, Any]:
         ordered = [replies[cid] for cid in sorted(replies)]
         params = dict(state["params"])
@@ -115,9 +122,16 @@ class PersonalLoRA:
         return {**state, "params": params, "seen": seen}
 
     def evaluate(self, state: dict[str, Any], clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
-        """Held-out accuracy of each user's own model (shared parameters + its personal ones; ties count half)."""
-        return summary([self.trainer.accuracy(self.user_params(state, c, round_), c.data["test"])
-                        for c in clients.values()])
+        return evaluate_per_client(self, state, clients, round_)
+
+    def client_metrics(self, state: dict[str, Any], client: ClientContext, round_: int) -> dict[str, float]:
+        """Held-out accuracy of the user's own model (shared parameters + its personal ones; ties count half)."""
+        return {"accuracy": self.trainer.accuracy(self.user_params(state, client, round_), client.data["test"])}
+
+    def combine_metrics(self, state: dict[str, Any], per_client: dict[str, dict[str, float]],
+                        round_: int) -> dict[str, float]:
+        """Mean and lowest accuracy over users."""
+        return summary([m["accuracy"] for m in per_client.values()])
 
     # ---- helpers ----
     def lr(self, message: Message) -> float:

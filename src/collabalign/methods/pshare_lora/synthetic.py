@@ -6,9 +6,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from pydantic import NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 from torch import Tensor, nn
 
-from collabalign.config import Strict
+from collabalign.config import Probability, Strict
 from collabalign.lora import Blocks, inject_lora, routed
 from collabalign.methods.pshare_lora.train import Prefs, per_user_mean, prepare, schedule, train
 from collabalign.models.reward import pair_correct
@@ -16,30 +17,35 @@ from collabalign.seeding import Seeds
 
 
 class ProblemConfig(Strict):
-    d1: int = 32
-    d2: int = 8
-    users: int = 10
-    k: int = 2  # rank of the shared part of the truth (and the LoRA rank)
-    signal: float = 0.5  # s: ||Delta Theta*_i||_F ~ 2 at the defaults, oracle accuracy ~ 0.79
-    rho: float = 0.6  # agreement: 0 independent users, 1 one global reward
-    tail: float = 0.0  # eta: individual full-rank deviations (Sigma_tail > 0)
-    spectrum_decay: float = 1.0  # row j of every W*_i scaled by decay^j: smaller nu as it falls
-    init_scale: float = 0.0  # Theta_init = init_scale * G / sqrt(d1), known to every method
-    n_train: int = 100  # N_p, pairs per user
-    n_test: int = 2000
-    depth: int = 1  # LoRA layers in the model: depth - 1 identity-initialised v-side maps below Theta
+    d1: PositiveInt = 32
+    d2: PositiveInt = 8
+    users: PositiveInt = 10
+    k: PositiveInt = 2  # rank of the shared part of the truth (and the LoRA rank)
+    signal: NonNegativeFloat = 0.5  # s: ||Delta Theta*_i||_F ~ 2 at the defaults, oracle accuracy ~ 0.79
+    rho: Probability = 0.6  # agreement: 0 independent users, 1 one global reward
+    tail: NonNegativeFloat = 0.0  # eta: individual full-rank deviations (Sigma_tail > 0)
+    spectrum_decay: PositiveFloat = 1.0  # row j of every W*_i scaled by decay^j: smaller nu as it falls
+    init_scale: NonNegativeFloat = 0.0  # Theta_init = init_scale * G / sqrt(d1), known to every method
+    n_train: PositiveInt = 100  # N_p, pairs per user
+    n_test: PositiveInt = 2000
+    depth: PositiveInt = 1  # LoRA layers in the model: depth - 1 identity-initialised v-side maps below Theta
+
+    @model_validator(mode="after")
+    def _rank_fits(self) -> ProblemConfig:
+        if self.k > self.d1:
+            raise ValueError(f"k = {self.k} exceeds d1 = {self.d1}: the shared basis has d1 rows")
+        return self
 
 
 class TrainConfig(Strict):
-    steps: int = 1500  # the same budget for every method (spec §3.3)
-    lr: float = 0.02
+    steps: PositiveInt = 1500  # the same budget for every method (spec §3.3)
+    lr: PositiveFloat = 0.02
     linear_schedule: bool = False  # spec §8.1: constant Adam rate; True: the paper's linear decay to 0
-    batch_size: int = 0  # 0: full batch (spec §8.1); else mixed-user mini-batches
+    batch_size: NonNegativeInt = 0  # 0: full batch (spec §8.1); else mixed-user mini-batches
     norm_projection: bool = True  # ||Delta Theta_i||_F <= norm_slack * max_i ||Delta Theta*_i||_F after every step
-    norm_slack: float = 1.1
-    global_fraction: float = 2 / 3  # G and Share Rep: the global phase
-    warmup_fraction: float = 0.1  # WU: 0.3 of 3 epochs
-
+    norm_slack: PositiveFloat = 1.1
+    global_fraction: Probability = 2 / 3  # G and Share Rep: the global phase
+    warmup_fraction: Probability = 0.1  # WU: 0.3 of 3 epochs
 
 
 @dataclass
