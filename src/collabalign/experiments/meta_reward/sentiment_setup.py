@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
-from collabalign.config import Strict
+from collabalign.config import Grid, Strict
 from collabalign.data.amazon_reviews import AMAZON_DIR, DOMAINS, load_domain, load_task, split_pairs
 from collabalign.methods.meta_reward import baselines
 from collabalign.methods.meta_reward.text import (
@@ -48,8 +48,8 @@ class SentimentConfig(Strict):
     model: str = "tiny-llama"  # smollm2-135m on CPU; any causal LM name on a GPU
     device: str = "cpu"
     encoder: str = "minilm-l6"  # the reward models' frozen sentence encoder
-    domains: list[str] = list(DOMAINS)
-    held_out: list[str] = list(DOMAINS)  # leave-one-domain-out over these
+    domains: Grid[str] = list(DOMAINS)
+    held_out: Grid[str] = list(DOMAINS)  # leave-one-domain-out over these
     train_domains: list[str] | None = None  # default: every domain but the held-out one
     seeds: int = Field(5, ge=1)
     opening_words: int = Field(2, ge=1)
@@ -59,7 +59,7 @@ class SentimentConfig(Strict):
     validation_fraction: float = Field(0.2, gt=0, lt=1)  # of each training domain's pairs, for model selection
     rank: int = Field(8, ge=1)
     lora_alpha: float = Field(16.0, gt=0)
-    lr_grid: list[Annotated[float, Field(gt=0)]] = [1e-3, 3e-3, 1e-2]  # α of every SGD stage on the policy (SFT,
+    lr_grid: Grid[Annotated[float, Field(gt=0)]] = [1e-3, 3e-3, 1e-2]  # α of every SGD stage on the policy (SFT,
     # inner loop, meta-test, DPO, HPL): the one whose SFT has the lowest held-out NLL on unlabelled fine-tuning text
     weight_norm: Literal["none", "batch"] = "batch"  # RWR weights exp(r/β) as they are, or over their batch mean
     batch: int = Field(8, ge=1)  # B_in, and the minibatch of SFT, DPO and HPL
@@ -78,9 +78,9 @@ class SentimentConfig(Strict):
     ppo_lr: float = Field(1e-3, gt=0)
     max_new_tokens: int = Field(28, ge=1)
     beta: Beta = 1.0  # the shared-β protocol
-    beta_grid: list[Beta] = [0.1, 1.0, 2.0, 4.0, 8.0]  # tuned protocol and the sweep of ours (one grid for all)
+    beta_grid: Grid[Beta] = [0.1, 1.0, 2.0, 4.0, 8.0]  # tuned protocol and the sweep of ours (one grid for all)
     eval_prompts: int = Field(8, ge=1)
-    temperatures: list[Annotated[float, Field(gt=0)]] = [0.25, 0.5, 0.75, 1.0]
+    temperatures: Grid[Annotated[float, Field(gt=0)]] = [0.25, 0.5, 0.75, 1.0]
     repetitions: int = Field(3, ge=1)
 
     @model_validator(mode="after")

@@ -8,11 +8,13 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from collabalign.data.attribute_labelers import AttributePairs, calibrate_beta, describe, draw_labels, labeler_weights
+from collabalign.data.errors import DataError
 from collabalign.data.hh_pairs import hh_pairs, hh_texts
 from collabalign.data.paths import shared_data_dir
 from collabalign.data.tldr import load_tldr_users, tldr_texts
@@ -106,8 +108,8 @@ def source_data(source: str, cfg: TextConfig, seed: int, backbone: Backbone,
     if hh_cache is None:
         root = shared_data_dir()
         if root is None or not (root / HH_FILE).is_file():
-            raise FileNotFoundError(f"{HH_FILE} not found under the shared data folder ({root}); set "
-                                    "COLLABALIGN_DATA or drop 'hh' from text.sources")
+            raise DataError(Path(root or "../shared/data") / HH_FILE, None, None, "no such file; set "
+                            "COLLABALIGN_DATA or drop 'hh' from text.sources")
         turns, replies, attrs = hh_texts(root / HH_FILE, backbone.tokenizer, cfg.hh_pool)
         cache = encode(backbone, turns, cfg.max_length, cfg.lora_blocks, replies, truncation_side="right")
         hh_cache = (turns, replies, attrs, cache)
