@@ -8,18 +8,23 @@ import pytest
 
 from collabalign import claims
 from collabalign.cli import config_path, load_config, main
-from collabalign.experiments.affpcl import communication, digits, fig1, fig6, reward, rl, sweeps, theory
+from collabalign.experiments.affpcl import checks, communication, digits, fig1, fig6, reward, rl, sweeps, theory
+from collabalign.methods.affpcl import AffPCL, GaussianSystems, LocalAffPCL, LocalFedAvg
+from collabalign.seeding import Seeds
 
 from .toy import run_twice
 
-PARTS = (fig1, communication, theory, fig6, sweeps, digits, rl, reward)
+PARTS = (fig1, communication, theory, checks, fig6, sweeps, digits, rl, reward)
 VERDICTS = {"reproduced", "not reproduced", "inconclusive"}
 TOY = ["fig1.runs=4", "fig1.steps=20", "fig1.n=6", "fig1.sets={main_text: [0.0, 0.8], appendix_b: [0.0, 0.5]}",
        "theory.rate_levels=[0.0]", "theory.rate_steps=60", "theory.rate_runs=3", "theory.speedup_n_list=[2, 6]",
        "theory.speedup_deltas=[0.2, 0.5]", "theory.speedup_n=6", "theory.speedup_steps=60", "theory.speedup_runs=3",
        "fig6.n=6", "fig6.steps=20", "fig6.runs=4", "sweeps.runs=3", "sweeps.n=6", "sweeps.steps=20",
-       "sweeps.fig4_grid=[0.0, 0.5]", "sweeps.fig5_n=[2, 6]", "sweeps.fig5_deltas=[0.5, 0.1]", "digits.n=4",
-       "digits.runs=3", "digits.steps=20", "digits.eval_every=5", "digits.window=2", "digits.levels=[0.0, 1.0]",
+       "sweeps.fig4_grid=[0.0, 0.5]", "sweeps.fig5_n=[2, 6]", "sweeps.fig5_deltas=[0.5, 0.1]", "checks.runs=3",
+       "checks.steps=60", "checks.central_n=[3, 6]", "checks.n=6", "checks.ic_levels=[0.5]", "checks.ic_draws=20",
+       "checks.kappas=[0.0, 2.0]", "checks.dre_deltas=[0.1, 0.8]", "checks.dre_runs=3", "digits.n=4", "digits.runs=3",
+       "digits.rounds=4", "digits.local=5", "digits.window=2", "digits.per_step.steps=20",
+       "digits.per_step.eval_every=5", "digits.per_step.window=2", "digits.levels=[0.0, 1.0]",
        "rl.n=4", "rl.td_runs=3", "rl.td_steps=60", "rl.sarsa_runs=3", "rl.sarsa_steps=60",
        "reward.datasets=[synthetic]", "reward.variants=[r1, r2]", "reward.n_list=[3]", "reward.deltas=[0.0, 1.0]",
        "reward.runs=3", "reward.steps=20", "reward.eval_every=5", "reward.window=2", "reward.synthetic_items=100",
@@ -47,16 +52,16 @@ def declared() -> list[claims.Claim]:
 def test_every_declared_claim_is_decided_in_the_quick_run(quick):
     summary = json.loads((quick / "summary.json").read_text())
     names = [c["name"] for c in summary["claims"]]
-    assert len(declared()) == 28 and len(names) == 42
+    assert len(declared()) == 32 and len(names) == 50
     for claim in declared():
         decided = [c for c in summary["claims"] if claim.name in c["name"]]
         assert decided, f"{claim.name!r} missing from the quick run"
         assert all(c["rule"] == claim.rule and c["scale"] == claim.scale for c in decided)
     assert all(c["verdict"] in VERDICTS and c["n"] >= 1 for c in summary["claims"])
-    assert sum(c["post_hoc"] for c in summary["claims"]) == 3  # Fig. 2 at batch 1
+    assert sum(c["post_hoc"] for c in summary["claims"]) == 3  # Fig. 2's per-step ablation at batch 1
     for plot in ("fig1_main_text", "fig1_appendix_b", "fig6_agents", "theory_rate", "theory_speedup",
-                 "fig4_improvement", "fig5_contours", "fig2_digits_batch32", "fig2_digits_batch1", "fig3_td",
-                 "fig3_sarsa"):
+                 "fig4_improvement", "fig5_contours", "fig2_digits_paper", "fig2_digits_per_step_batch32",
+                 "fig2_digits_per_step_batch1", "fig3_td", "fig3_sarsa"):
         assert (quick / "plots" / f"{plot}.png").stat().st_size > 1000
     report = (quick / "report.md").read_text()
     assert report.count("| AffPCL matches FedAvg in the homogeneous setting |") == 1 and "Smoke run" in report
@@ -67,7 +72,12 @@ def test_quick_run_records_and_communication(quick):
     records = [json.loads(x) for x in (quick / "metrics.jsonl").read_text().splitlines()]
     cfg = load_config(config_path("affpcl", quick=True))[2]
     per_figure = {f: sum(r["figure"] == f for r in records) for f in ("fig1", "fig2", "fig3_td", "fig3_sarsa")}
-    assert per_figure["fig2"] == len(cfg.digits.batches) * len(cfg.digits.levels) * 7 * (cfg.digits.steps // 10)
+    dig = cfg.digits
+    paper = [r for r in records if r["figure"] == "fig2" and r["setting"] == "paper"]
+    assert len(paper) == len(dig.levels) * 3 * dig.rounds  # IL, FedAvg, AffPCL: one evaluation per round
+    assert sorted({r["step"] for r in paper}) == [dig.local * (k + 1) for k in range(dig.rounds)]
+    per_step = len(dig.per_step.batches) * len(dig.levels) * 7 * (dig.per_step.steps // dig.per_step.eval_every)
+    assert per_figure["fig2"] == len(paper) + per_step
     assert per_figure["fig1"] == 6 * 8 * cfg.fig1.steps  # 6 levels, 7 methods and AffPCL's agent 1
     summary = json.loads((quick / "summary.json").read_text())
     remark = next(c for c in summary["claims"] if c["name"].startswith("Remark 1"))
@@ -84,7 +94,7 @@ def test_toy_records_hold_mean_and_median_curves_per_method(toy_runs):
     affpcl = [r for r in records if r["figure"] == "fig1" and r["method"] == "affpcl" and r["level"] == 0.8]
     assert [r["round"] for r in affpcl] == list(range(1, 21))
     assert all(r["mse0_mean"] > 0 and r["mse0_median"] > 0 for r in affpcl)
-    assert len(json.loads((toy_runs[0] / "summary.json").read_text())["claims"]) == 41
+    assert len(json.loads((toy_runs[0] / "summary.json").read_text())["claims"]) == 49
 
 
 def test_same_config_and_seed_give_byte_identical_outputs(toy_runs):
@@ -98,7 +108,9 @@ def test_configs_validate_and_main_has_five_runs_wherever_methods_are_compared(n
     experiment, _, cfg, smoke = load_config(config_path("affpcl", quick=name == "quick"))
     assert experiment == "affpcl" and smoke == (name == "quick")
     assert cfg.fig1.sets["main_text"] == [0.0, 0.05, 0.3, 0.8] and cfg.fig1.sets["appendix_b"] == [0.0, 0.05, 0.2, 0.5]
-    assert all(part.run for part in (cfg.theory, cfg.fig6, cfg.sweeps, cfg.digits, cfg.rl, cfg.reward))
+    assert all(part.run for part in (cfg.theory, cfg.checks, cfg.fig6, cfg.sweeps, cfg.digits, cfg.rl, cfg.reward))
+    # Fig. 2 as the paper ran it (App. B): step 0.002, batch 32, 70 samples between rounds, no importance correction
+    assert (cfg.digits.alpha, cfg.digits.batch, cfg.digits.local) == (0.002, 32, 70) and cfg.digits.per_step.run
     if name == "main":
         runs = [cfg.fig1.runs, cfg.theory.rate_runs, cfg.theory.speedup_runs, cfg.fig6.runs, cfg.sweeps.runs,
                 cfg.digits.runs, cfg.rl.td_runs, cfg.rl.sarsa_runs, cfg.reward.runs]
@@ -114,7 +126,23 @@ def test_declared_claims_carry_their_rule_and_margin():
     assert rl.TD_SPEEDUP.band == (0.5, 2.0) and rl.TD_SPEEDUP.scale == "ratio"
     assert reward.BEST.margin == reward.POOLED.margin == reward.AT_LEAST_IL.margin == 0.01
     assert communication.REMARK_1.rule == "exact" and communication.REMARK_1.tolerance == 0.5
+    assert checks.CENTRAL.band == (-1.3, -0.7)
+    assert checks.SERVER_SIDE.rule == "superiority" and checks.SERVER_SIDE.lower_is_better
+    assert checks.SERVER_SIDE.scale == "ratio" and checks.SERVER_SIDE.margin == 0.0
+    assert checks.NU_GAIN.rule == "superiority" and checks.NU_GAIN.margin == 0.0
+    assert checks.DRE_FLOOR.rule == "non-inferiority" and checks.DRE_FLOOR.margin == 0.5
+    assert checks.DRE_FLOOR.lower_is_better and checks.DRE_FLOOR.scale == "difference"
     assert not any(c.post_hoc for c in declared())
+
+
+def test_one_sided_claims_are_non_inferiority_with_a_declared_margin():
+    one_sided = [c for c in declared()
+                 if any(w in c.name.lower() for w in ("matches", "never worse", "at least", "lowest", "best or tied",
+                                                      "does not"))]
+    assert len(one_sided) == 14
+    for claim in one_sided:
+        assert claim.rule == "non-inferiority" and claim.margin > 0, claim.name
+    assert {c.margin for c in one_sided if c.scale == "ratio"} == {0.5}  # MATCH: a factor 1.5
 
 
 def runs(value: float, spread: float = 0.05, n: int = 6, seed: int = 0) -> np.ndarray:
@@ -147,16 +175,34 @@ def test_a_tie_within_the_margin_confirms_non_inferiority_but_not_a_speed_up():
     assert [c["verdict"] for c in decided] == ["reproduced", "reproduced", "not reproduced"]
 
 
-def test_digits_claims_on_crafted_errors_and_batch_1_is_post_hoc():
-    cfg = digits.DigitsConfig(levels=[0.0, 1.0])
-    last = {lv: {m: runs(1.0, seed=k) for k, m in enumerate(digits.LABELS)} for lv in cfg.levels}
-    for lv in cfg.levels:
+@pytest.mark.parametrize("labels,cells", [(digits.PAPER_LABELS, 2 * 2), (digits.LABELS, 2 * 6)])
+def test_digits_claims_on_crafted_errors_against_every_method_run(labels, cells):
+    levels = [0.0, 1.0]
+    last = {lv: {m: runs(1.0, seed=k) for k, m in enumerate(labels)} for lv in levels}
+    for lv in levels:
         last[lv]["affpcl"] = runs(0.5, seed=20)
     last[0.0]["fedavg"], last[1.0]["fedavg"] = runs(0.8, seed=21), runs(1.3, seed=22)  # FedAvg and IL swap order
-    decided = digits.batch_claims("Fig. 2, batch 1", cfg, last, post_hoc=True)
+    decided = digits.setting_claims("Fig. 2 ablation", levels, last, post_hoc=True)
     assert [c["verdict"] for c in decided] == ["reproduced"] * 3 and all(c["post_hoc"] for c in decided)
+    assert decided[1]["holm"]["cells"] == cells
     last[1.0]["fedavg"] = runs(0.8, seed=23)  # FedAvg better at both ends: no flip
-    assert digits.batch_claims("x", cfg, last, post_hoc=False)[2]["verdict"] == "not reproduced"
+    assert digits.setting_claims("x", levels, last, post_hoc=False)[2]["verdict"] == "not reproduced"
+    last[0.0]["affpcl"] = runs(2.0, seed=24)  # AffPCL 2.5x FedAvg at delta_obj = 0: beyond the 1.5 margin
+    assert digits.setting_claims("x", levels, last, post_hoc=False)[0]["verdict"] == "not reproduced"
+
+
+def test_fig2_follows_the_paper_setting_and_keeps_the_old_one_as_an_ablation():
+    cfg = digits.DigitsConfig()
+    assert (cfg.alpha, cfg.batch, cfg.local) == (0.002, 32, 70)
+    paper, *ablation = digits.settings(cfg)
+    assert paper.methods == {"il": paper.methods["il"], "fedavg": LocalFedAvg(70), "affpcl": LocalAffPCL(70)}
+    assert (paper.batch, paper.alpha, paper.steps, paper.every) == (32, 0.002, cfg.rounds * 70, 70)
+    assert not any(isinstance(m, AffPCL) for m in paper.methods.values())  # LocalAffPCL: no importance correction
+    assert [s.name for s in ablation] == ["per_step_batch32", "per_step_batch1"]
+    assert all(s.tag.startswith("Fig. 2 ablation") and s.alpha == 1.0 and s.every == 10 for s in ablation)
+    assert ablation[0].methods["affpcl"].weights == "exact" and ablation[0].methods["affpcl_no_ic"].weights == "none"
+    custom = digits.settings(digits.DigitsConfig(alpha=0.01, batch=8, local=5, rounds=3, per_step={"run": False}))
+    assert [(s.batch, s.alpha, s.steps, s.every, s.methods["affpcl"].local) for s in custom] == [(8, 0.01, 15, 5, 5)]
 
 
 def test_rl_claims_on_crafted_errors():
@@ -193,3 +239,45 @@ def test_theory_and_sweep_fits_on_exact_power_laws():
     y = np.stack([2 * x + 1, -x + 3 + 0.01 * np.sin(7 * x)])
     r2 = sweeps.r_squared(x, y)
     assert r2[0] == pytest.approx(1.0) and 0.99 < r2[1] < 1.0
+
+
+def test_theory_checks_on_crafted_values():
+    n = np.array([5, 10, 20, 40])
+    assert checks.CENTRAL.decide(claims.slopes(n, np.stack([c / n for c in (1, 2, 3)])))["verdict"] == "reproduced"
+    flat = np.stack([c + 0 * n for c in (1.0, 1.1, 0.9)])
+    assert checks.CENTRAL.decide(claims.slopes(n, flat))["verdict"] == "not reproduced"
+    server, client = runs(1.0, seed=1), runs(3.0, seed=2)
+    assert checks.SERVER_SIDE.decide_cells({"a": (server, client)})["verdict"] == "reproduced"
+    assert checks.SERVER_SIDE.decide_cells({"a": (client, server)})["verdict"] == "not reproduced"
+    nu = np.array([1.0, 2.0, 4.0, 8.0])
+    shrinking = np.stack([0.05 * nu ** 0.5 * runs(1.0, n=4, seed=k) for k in range(4)])
+    assert checks.NU_GAIN.decide(claims.slopes(nu, shrinking), 0.0)["verdict"] == "reproduced"
+    delta = np.array([0.05, 0.1, 0.2, 0.4])
+    floor = np.stack([0.02 * runs(1.0, n=4, seed=k) for k in range(5)])  # ~ d / t whatever delta_env
+    assert checks.DRE_FLOOR.decide(claims.slopes(delta, floor), 0.0)["verdict"] == "reproduced"
+    square_law = np.stack([delta ** 2 * runs(1.0, n=4, seed=k) for k in range(5)])  # delta^2 / t: ruled out
+    assert checks.DRE_FLOOR.decide(claims.slopes(delta, square_law), 0.0)["verdict"] == "not reproduced"
+
+
+def test_theory_checks_are_each_decided_on_a_small_config():
+    cfg = checks.ChecksConfig(runs=3, steps=60, central_n=[3, 6], n=4, ic_levels=[0.5], ic_draws=10,
+                              kappas=[0.0, 2.0], dre_deltas=[0.1, 0.8], dre_runs=3)
+    part = checks.part(cfg, Seeds(0))
+    expected = [checks.CENTRAL, checks.CENTRAL, checks.SERVER_SIDE, checks.NU_GAIN, checks.DRE_FLOOR]
+    assert len(part.claims) == len(expected)
+    for record, claim in zip(part.claims, expected, strict=True):
+        assert record["name"].startswith(claim.name) and record["rule"] == claim.rule
+    assert all(c["verdict"] in VERDICTS and c["n"] == 3 for c in part.claims)
+    nu = part.metrics["theory_checks"]["noise_alignment"]
+    assert nu["mean_nu"][0] == pytest.approx(1.0) and nu["mean_nu"][1] > 2
+    assert part.metrics["theory_checks"]["central"]["x0_vs_xc_relative_gap"] > 0  # x^0_* != x^c_* under shift
+
+
+def test_server_and_client_side_corrections_coincide_without_environment_shift():
+    system = GaussianSystems(np.random.default_rng(0), 2, 4, delta_obj=0.5)
+    batch = system.sample(system.draw(1, np.random.default_rng(1)), 0, None)
+    server, client = checks.directions(system, batch)
+    np.testing.assert_allclose(server, client, rtol=1e-10, atol=1e-12)
+    shifted = GaussianSystems(np.random.default_rng(0), 2, 4, delta_env=0.8, delta_obj=0.5)
+    assert not np.allclose(*checks.directions(shifted, shifted.sample(shifted.draw(1, np.random.default_rng(1)), 0,
+                                                                     None)))

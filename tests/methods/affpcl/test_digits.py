@@ -1,11 +1,11 @@
-"""The digits users (Fig. 2 substitute): sampling and exact test MSE, and the one AffPCL update rule on them against a
-per-run, per-user loop."""
+"""The digits users (Fig. 2 substitute): sampling and exact test MSE, the one AffPCL update rule on them against a
+per-run, per-user loop, and the paper's local-steps AffPCL and FedAvg against their own loop."""
 
 import numpy as np
 import pytest
 
 from collabalign.data.digit_features import DigitFeatures
-from collabalign.methods.affpcl import IL, AffPCL, run
+from collabalign.methods.affpcl import IL, AffPCL, FedAvg, LocalAffPCL, LocalFedAvg, run
 from collabalign.methods.affpcl.digits import DigitsUsers
 
 
@@ -70,3 +70,49 @@ def test_digits_affpcl_with_one_user_is_independent_learning(feats):
         assert np.allclose(affpcl, il)
     with pytest.raises(ValueError, match="oracle"):
         run(AffPCL(), one, 1, 1.0, np.random.default_rng(0))
+
+
+def reference_local(users: DigitsUsers, steps: int, alpha: float, u: np.ndarray, local: int) -> tuple:
+    """AffPCL with `local` local steps per round and no importance correction, and FedAvg's local SGD (its CDL), one
+    run and one user at a time: the final personal models (R, n, d) and server models (R, d)."""
+    xs, servers = np.zeros((users.runs, users.n, users.d)), np.zeros((users.runs, users.d))
+    for r in range(users.runs):
+        x, xc, copies = np.zeros((users.n, users.d)), np.zeros(users.d), np.zeros((users.n, users.d))
+        for t in range(steps):
+            cls, phi = users.classes_and_features(u[t])
+
+            def direction(w, j, central, cls=cls, phi=phi, r=r):
+                target = users.y_central[cls[r, j]] if central else users.y[r, j, cls[r, j]]
+                return np.mean([f * (f @ w - target[b]) for b, f in enumerate(phi[r, j])], axis=0)
+
+            if t % local == 0:  # the server's direction, frozen for the round
+                server = np.mean([direction(xc, j, True) for j in range(users.n)], axis=0)
+            x = np.array([x[i] - alpha * (direction(x[i], i, False) + server - direction(xc, i, True))
+                          for i in range(users.n)])
+            copies = np.array([copies[i] - alpha * direction(copies[i], i, False) for i in range(users.n)])
+            if (t + 1) % local == 0:
+                xc = copies.mean(0)
+                copies = np.tile(xc, (users.n, 1))
+        xs[r], servers[r] = x, xc
+    return xs, servers
+
+
+def test_local_steps_affpcl_and_fedavg_equal_per_user_loop(feats):
+    users = DigitsUsers(feats, np.random.default_rng(6), 2, 3, delta_obj=0.6, batch=4)
+    u = users.draw(9, np.random.default_rng(7))
+    x, xc = reference_local(users, 9, 0.5, u, local=3)
+    np.testing.assert_allclose(run(LocalAffPCL(3), users, 9, 0.5, None, draws=u, every=3)[1], x, rtol=1e-10,
+                               atol=1e-12)
+    held = run(LocalFedAvg(3), users, 9, 0.5, None, draws=u, every=3)[1]
+    np.testing.assert_allclose(held, np.broadcast_to(xc[:, None], held.shape), rtol=1e-10, atol=1e-12)
+    # the frozen server direction matters: a different round length gives different personal models
+    assert not np.allclose(run(LocalAffPCL(1), users, 9, 0.5, None, draws=u)[1], x)
+
+
+def test_one_local_step_per_round_is_per_step_communication(feats):
+    users = DigitsUsers(feats, np.random.default_rng(8), 2, 3, delta_obj=1.0, batch=4)
+    u = users.draw(20, np.random.default_rng(9))
+    pairs = ((LocalAffPCL(1), AffPCL(central="oracle", weights="none")), (LocalFedAvg(1), FedAvg()))
+    for local, per_step in pairs:
+        np.testing.assert_allclose(run(local, users, 20, 0.5, None, draws=u, every=5)[0],
+                                   run(per_step, users, 20, 0.5, None, draws=u, every=5)[0], rtol=1e-9)

@@ -1,7 +1,8 @@
 """AffPCL reproduction (spec ../shared/specs/affpcl.md §8): Fig. 1 on the Gaussian linear systems at both
 heterogeneity sets the paper states, Remark 1's communication, the theory checks of §7.2 (rate in t, speed-up
-max{1/n, delta}), Fig. 6 (the centre agent's free ride), the Fig. 4 / Fig. 5 sweeps, Fig. 2 on the digits substitute
-for FEMNIST, Fig. 3's RL panels and personalised reward models from preference data (§8.3). One module per part;
+max{1/n, delta}; then items 6-9: central modules, server-side correction, noise alignment, Theorem 2), Fig. 6 (the
+centre agent's free ride), the Fig. 4 / Fig. 5 sweeps, Fig. 2 on the digits substitute for FEMNIST in the paper's
+setting, Fig. 3's RL panels and personalised reward models from preference data (§8.3). One module per part;
 each declares its claims before running them, and every claim is decided by claims.py with runs as replicates."""
 
 from __future__ import annotations
@@ -9,7 +10,8 @@ from __future__ import annotations
 from pydantic import NonNegativeInt
 
 from collabalign.config import Strict
-from collabalign.experiments.affpcl import communication, digits, fig1, fig6, reward, rl, sweeps, theory
+from collabalign.experiments.affpcl import checks, communication, digits, fig1, fig6, reward, rl, sweeps, theory
+from collabalign.experiments.affpcl.checks import ChecksConfig
 from collabalign.experiments.affpcl.digits import DigitsConfig
 from collabalign.experiments.affpcl.fig1 import Fig1Config
 from collabalign.experiments.affpcl.fig6 import Fig6Config
@@ -28,6 +30,7 @@ class Config(Strict):
     seed: NonNegativeInt = 0
     fig1: Fig1Config = Fig1Config()
     theory: TheoryConfig = TheoryConfig()
+    checks: ChecksConfig = ChecksConfig()
     fig6: Fig6Config = Fig6Config()
     sweeps: SweepConfig = SweepConfig()
     digits: DigitsConfig = DigitsConfig()
@@ -41,6 +44,8 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     parts: list[Part] = [fig1.part(cfg.fig1, seeds, run_dir, progress), communication.part(cfg.fig1, seeds, run_dir)]
     if cfg.theory.run:
         parts.append(theory.part(cfg.theory, seeds, run_dir))
+    if cfg.checks.run:
+        parts.append(checks.part(cfg.checks, seeds))
     if cfg.fig6.run:
         parts.append(fig6.part(cfg.fig6, seeds, run_dir))
     if cfg.sweeps.run:

@@ -1,6 +1,7 @@
 """Numerical checks of the AffPCL theory (spec §7.2 items 2 and 3) on the Gaussian systems: the MSE rate in t with
 diminishing steps, and the speed-up over independent learning against max{1/n, delta}. Slopes are fitted per run
-(claims.slopes); runs are the replicates."""
+(claims.slopes); runs are the replicates. Item 1 is a unit test, items 4 and 5 are Fig. 5 and Fig. 6's trend (sweeps.py,
+fig6.py), items 6-9 are in checks.py."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
 # Bands are the old claims' declared bands: slope -1 +- 0.25 (rate 1/t), 1 +- 0.3 (speed-up ~ max{1/n, delta});
-# "never worse" is one-sided with MATCH's margin (factor 1.5).
+# "never worse" is one-sided with MATCH's margin, a factor 1.5 (reason in shared.py).
 RATE = claims.in_band(
     "Theory: MSE decays like 1/t (fitted slope of log MSE^0 vs log t)",
     "AffPCL's per-run slope of log MSE^0 against log t over [T/4, T] in [-1.25, -0.75], steps c / (lambda (t + t0))",

@@ -4,7 +4,8 @@ linear systems, digits users, preference annotators, tabular Markov reward proce
 
 from collabalign.methods.affpcl.algorithm import AffPCL, run, schedule
 from collabalign.methods.affpcl.baselines import IFCA, IL, Ditto, FedAvg, FineTune, PFedMe
+from collabalign.methods.affpcl.local import LocalAffPCL, LocalFedAvg
 from collabalign.methods.affpcl.systems import GaussianSystems, heterogeneity, noise_alignment
 
-__all__ = ["IFCA", "IL", "AffPCL", "Ditto", "FedAvg", "FineTune", "GaussianSystems", "PFedMe", "heterogeneity",
-           "noise_alignment", "run", "schedule"]
+__all__ = ["IFCA", "IL", "AffPCL", "Ditto", "FedAvg", "FineTune", "GaussianSystems", "LocalAffPCL", "LocalFedAvg",
+           "PFedMe", "heterogeneity", "noise_alignment", "run", "schedule"]
