@@ -77,7 +77,7 @@ def test_federated_part_writes_its_claims_ledgers_and_plot(toy_federated):
 
 
 TEXT = TextConfig(run=True, seeds=[0, 1], users=3, n_train=8, n_test=4, epochs=1, batch_size=8, max_length=40, rank=2,
-                  methods=["global", "local", "share_rep", "pshare_si", "pshare_g"])
+                  methods=["global", "local", "share_rep", "share_rep_same_head", "pshare_si", "pshare_g"])
 
 
 @pytest.fixture(scope="module")
@@ -97,14 +97,20 @@ def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_di
     parts = [text_part(cfg, RunDir(tmp_path / f"run{k}"), False, backbone) for k in range(2)]
     assert parts[0].records == parts[1].records
     assert {r["seed"] for r in parts[0].records} == {0, 1}  # the text seeds override the experiment's
-    assert len(parts[0].records) == 2 * 5 * 2  # sources x methods x seeds
+    assert len(parts[0].records) == 2 * 6 * 2  # sources x methods x seeds
+    assert {r["method"] for r in parts[0].records} == set(TEXT.methods)
     names = [c["name"] for c in parts[0].claims]
     assert names == [f"{source}: {c.name}" for source in ("TL;DR-like", "HH-RLHF") for c in CLAIMS]
     by_name = dict(zip(names, parts[0].claims, strict=True))
+    # the paper's Share Rep is a baseline of the declared claims; its same-head variant is not
+    assert set(by_name["HH-RLHF: P-ShareLoRA (G) beats every baseline"]["cells"]) == {"LoRA-global", "LoRA-local",
+                                                                                      "Share Rep"}
     assert by_name["HH-RLHF: P-ShareLoRA (SI) > LoRA-local"]["n"] == 2  # two seeds: decided, inconclusive
     assert by_name["HH-RLHF: P-ShareLoRA (WU) >= P-ShareLoRA (SI)"]["measured"]["not_run"]
     notes = "\n".join(parts[0].notes)
-    assert "| Share Rep | " in notes and "| oracle | " in notes and "labeler 2" in notes and "formality" in notes
+    assert "| Share Rep | " in notes and "| Share Rep (same head) | " in notes and "| oracle | " in notes
+    assert "labeler 2" in notes and "formality" in notes
+    assert parts[0].metrics["text_hh"].keys() >= {"Share Rep", "Share Rep (same head)"}
     for source in ("tldr_like", "hh"):
         assert (tmp_path / "run0" / "plots" / f"text_{source}_per_labeler.png").stat().st_size > 1000
     rec = parts[0].records[0]

@@ -21,7 +21,8 @@ TOY = ["seeds=[0, 1, 2]", "workers=1", "problem.users=4", "problem.n_train=30", 
        "bandit.prompts=6", "bandit.candidates=4", "bandit.n_train=[10, 20]", "bandit.train.steps=20",
        "bandit.iters=50", "federated.rounds=3", "federated.local_steps=2", "federated.eval_every=3",
        "text.backbone=tiny-llama", "text.targets=[q_proj, k_proj]", "text.lora_blocks=1", "text.users=3",
-       "text.n_train=4", "text.n_test=4", "text.seeds=[0]", "text.max_length=32", "--no-progress"]
+       "text.n_train=4", "text.n_test=4", "text.seeds=[0]", "text.max_length=32",
+       "text.methods=[global, share_rep, share_rep_same_head, share_rep_phased, pshare_si]", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +56,8 @@ def test_every_declared_claim_is_in_the_summary_with_its_rule(toy_runs):
     assert sum("TL;DR-like: " in r["name"] for r in records) == len(ordering.CLAIMS)
     assert {r["verdict"] for r in records} <= {"reproduced", "not reproduced", "inconclusive"}
     assert all({"rule", "n", "estimate", "interval", "margin", "post_hoc", "measured"} <= set(r) for r in records)
+    g_beats = next(r for r in records if r["name"] == "P-ShareLoRA (G) beats every baseline")
+    assert set(g_beats["cells"]) == {"LoRA-global", "LoRA-local", "Share Rep"}  # the paper's Share Rep only
     decided = {r["name"] for r in records if r["n"] >= 3}
     assert "P-ShareLoRA (SI) > LoRA-global" in decided and "dist(B^, B°) falls as N_p^-1/2 (Thm 4.1)" in decided
     assert "federated P-ShareLoRA (SI) > FedAvg-LoRA" in decided
@@ -66,6 +69,8 @@ def test_tables_plots_and_slopes_are_written(toy_runs):
     assert set(summary["metrics"]["sweep_slopes"]["users"]) == {"global", "local", "pshare_si", "full"}
     report = (toy_runs[0] / "report.md").read_text()
     assert "| P-ShareLoRA (WU) | " in report and " ± " in report and "Smoke run" in report
+    assert "| Share Rep (global then personal; ablation) | " in report and "| Share Rep (same head) | " in report
+    assert "Share Rep is the linear shared-representation model" in report
     for sweep in ("n_train", "users", "spectrum_decay", "tail_1"):
         for metric in ("accuracy", "subspace_dist"):
             assert (toy_runs[0] / "plots" / f"sweep_{sweep}_{metric}.png").stat().st_size > 1000
@@ -77,7 +82,9 @@ def test_records_cover_every_method_and_seed_and_are_deterministic(toy_runs):
     a, b = toy_runs
     records = [json.loads(x) for x in (a / "metrics.jsonl").read_text().splitlines()]
     main_runs = {(r["method"], r["seed"]) for r in records if r["experiment"] == "main"}
-    assert len(main_runs) == 8 * 3
+    assert len(main_runs) == 9 * 3 and {"share_rep", "share_rep_phased"} <= {m for m, _ in main_runs}
+    assert {r["method"] for r in records if r["experiment"] == "text"} == {
+        "global", "share_rep", "share_rep_same_head", "share_rep_phased", "pshare_si"}
     assert {r["value"] for r in records if r["experiment"] == "sweep_n_train"} == {15, 30, 60}
     assert {r["value"] for r in records if r["experiment"] == "sweep_users"} == {2, 4}
     assert {r["experiment"] for r in records} >= {"bandit", "federated", "text"}
@@ -92,6 +99,14 @@ def test_worker_processes_give_the_same_records(toy_runs, tmp_path):
     synthetic = [r for r in records if json.loads(r)["experiment"] == "main" or
                  json.loads(r)["experiment"].startswith("sweep_")]
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == synthetic
+
+
+@pytest.mark.parametrize("override", ["methods=[global, share_rep_same_head]", "bandit.methods=[pshare_si, shared]",
+                                      "text.methods=[global, share_rep_global]"])
+def test_a_method_that_cannot_run_where_it_is_listed_is_a_config_error(override, tmp_path, capsys):
+    quick = str(config_path("pshare-lora", quick=True))
+    assert main(["run", quick, override, "--no-progress", "--out", str(tmp_path)]) == 2
+    assert "Input should be" in capsys.readouterr().err
 
 
 def test_fit_is_deterministic_and_seed_dependent():

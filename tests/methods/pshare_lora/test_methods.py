@@ -1,13 +1,24 @@
 """P-ShareLoRA methods: routed gradients equal a per-user reference, schedules hit their step counts, Share Rep
-freezes its bottom layers, the norm projection holds."""
+freezes its bottom layers from the first step (its phased ablation after a global phase), Share Rep on the bilinear
+problem learns one representation and a head per user, the norm projection holds."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
-from collabalign.lora import lora_layers
+from collabalign.lora import lora_layers, routed
 from collabalign.methods.pshare_lora import configure, pair_loss, prepare, project_, schedule, train, user_deltas
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, generate, model_for, true_reward
+from collabalign.methods.pshare_lora.synthetic import (
+    ProblemConfig,
+    RepresentationNet,
+    TrainConfig,
+    effective_delta,
+    fit_model,
+    generate,
+    model_for,
+    representation_model,
+    true_reward,
+)
 
 SMALL = ProblemConfig(d1=6, d2=4, users=3, k=2, n_train=5, n_test=50)
 
@@ -58,7 +69,7 @@ def test_si_g_wu_schedules_hit_their_step_counts(linear):
     assert g[1].lr[0] == pytest.approx(lr / 3)  # spec §3.3: (G) fine-tunes at one third of the rate
     assert wu[1].lr[0] == pytest.approx(0.9 * lr if linear else lr)  # WU continues the same schedule
     assert all(p.lr[1] == pytest.approx(0.0) for p in (si[0], g[1], wu[1])) == linear
-    for m in ("global", "local", "share_rep", "share_a", "full"):
+    for m in ("global", "local", "share_rep", "share_rep_same_head", "share_rep_phased", "share_a", "full"):
         assert sum(p.steps for p in schedule(m, 3, 30, lr, linear)) == 30  # the same budget for every method
 
 
@@ -78,12 +89,31 @@ def test_training_takes_exactly_the_scheduled_steps_and_switches_factors(method,
     assert not torch.allclose(layer.A[0], layer.A[1])  # personal factors moved apart
 
 
-def test_share_rep_freezes_the_bottom_layers_after_the_shared_phase():
+def test_share_rep_freezes_the_bottom_layers_from_the_first_step_and_personalises_the_top():
+    truth, data, _ = generate(SMALL, 0)
+    net = model_for(truth, 2, depth=3)  # floor(0.7 * 3) = 2 bottom layers frozen, 1 top personal
+    g = torch.Generator().manual_seed(0)
+    prepare(net, "share_rep", SMALL.users, g)
+    layers = list(lora_layers(net).values())
+    initial = [(m.A.detach().clone(), m.B.detach().clone()) for m in layers]
+    phases = schedule("share_rep", 3, 30, 0.02)
+    assert [p.steps for p in phases] == [30] and phases[0].lr == (0.02, 0.02)  # one phase, the whole budget
+    train(net, data, phases, SMALL.users, 0, g)
+    for m, (a, b) in zip(layers[:2], initial[:2], strict=True):  # never trained: the base map, the same for all
+        assert m.A.dim() == 2 and not m.A.requires_grad and not m.B.requires_grad
+        assert torch.equal(m.A, a) and torch.equal(m.B, b) and not b.any()
+    top = layers[2]
+    assert top.A.dim() == 3 and top.B.dim() == 3 and top.B.abs().sum() > 0
+    assert not torch.allclose(top.A[0], top.A[1]) and not torch.allclose(top.B[0], top.B[1])
+
+
+def test_phased_ablation_trains_every_layer_globally_then_freezes_the_bottom():
     truth, data, _ = generate(SMALL, 0)
     net = model_for(truth, 2, depth=3)  # floor(0.7 * 3) = 2 bottom layers shared and frozen, 1 top personal
     g = torch.Generator().manual_seed(0)
-    prepare(net, "share_rep", SMALL.users, g)
-    phases = schedule("share_rep", 3, 30, 0.02)
+    prepare(net, "share_rep_phased", SMALL.users, g)
+    phases = schedule("share_rep_phased", 3, 30, 0.02)
+    assert [p.steps for p in phases] == [20, 10] and phases[1].lr[0] == pytest.approx(0.02 / 3)
     train(net, data, phases[:1], SMALL.users, 0, g)
     layers = list(lora_layers(net).values())
     before = [(m.A.detach().clone(), m.B.detach().clone()) for m in layers]
@@ -94,6 +124,29 @@ def test_share_rep_freezes_the_bottom_layers_after_the_shared_phase():
         assert torch.equal(m.A, a) and torch.equal(m.B, b)
     top = layers[2]
     assert top.A.dim() == 3 and top.B.dim() == 3 and not torch.allclose(top.B[0], top.B[1])
+
+
+def test_share_rep_on_the_bilinear_problem_learns_one_representation_and_a_head_per_user():
+    truth, data, test = generate(SMALL, 0)
+    net, losses = fit_model(truth, data, SMALL, TrainConfig(steps=40), "share_rep", torch.Generator().manual_seed(0))
+    fresh = representation_model(truth, SMALL.k)
+    prepare(fresh, "share_rep", SMALL.users, torch.Generator().manual_seed(0))  # fit_model's initial factors
+    layer = lora_layers(net)["score"]
+    assert isinstance(net, RepresentationNet) and len(losses) == 40
+    assert layer.A.shape == (SMALL.k, SMALL.d1 * SMALL.d2) and not torch.equal(layer.A, fresh.score.A)  # Psi: trained
+    assert layer.B.shape == (SMALL.users, 1, SMALL.k) and not torch.allclose(layer.B[0], layer.B[1])  # omega_i
+    delta = effective_delta(net, SMALL.users)
+    with torch.no_grad():  # Delta Theta_i = reshape(Psi omega_i), and the model's reward is u^T Theta_i v
+        torch.testing.assert_close(delta, (layer.B @ layer.A).reshape(SMALL.users, SMALL.d1, SMALL.d2))
+        with routed(net, test.users):
+            got = net(test.chosen)
+    torch.testing.assert_close(got, true_reward(truth.theta_init + delta, test.users, test.chosen))
+
+
+def test_same_head_variant_does_not_run_on_the_bilinear_problem():
+    truth, data, _ = generate(SMALL, 0)
+    with pytest.raises(ValueError, match="does not run on the bilinear problem"):
+        fit_model(truth, data, SMALL, TrainConfig(steps=2), "share_rep_same_head", torch.Generator())
 
 
 @pytest.mark.parametrize("a_mode,b_mode", [("user", "shared"), ("shared", "user"), ("shared", "shared")])

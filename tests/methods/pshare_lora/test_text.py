@@ -1,6 +1,7 @@
 """The P-ShareLoRA text reward model on a tiny random 6-block BERT: cached features are exact, per-user heads are
-per user and routed in one forward, Share Rep personalises only the top 30% of the blocks, LoRA in every block runs
-without a cache, checkpointing and micro-batches train the same model."""
+per user and routed in one forward, Share Rep keeps the bottom 70% of the blocks frozen and personalises only the top
+30% (with a head per user, or one head in its same-head variant; its phased ablation after a global phase), LoRA in
+every block runs without a cache, checkpointing and micro-batches train the same model."""
 
 import pytest
 import torch
@@ -8,7 +9,7 @@ import torch
 from collabalign.data.tldr_like import generate
 from collabalign.lora import lora_layers, routed
 from collabalign.methods.pshare_lora import Prefs, configure, pair_loss, prepare, schedule, train
-from collabalign.methods.pshare_lora.text import TextRewardModel, encode, share_rep_frozen
+from collabalign.methods.pshare_lora.text import PER_USER_HEAD, TextRewardModel, encode, share_rep_frozen
 from collabalign.models.backbones import minilm_l6
 
 from .text_setup import tiny_bert
@@ -115,24 +116,57 @@ def test_missing_route_for_a_per_user_head_is_an_error(backbone, cache):
 
 def test_share_rep_frozen_maps_blocks_to_lora_layers():
     # 6 blocks, floor(0.7 * 6) = 4 frozen: with LoRA on the top 2 blocks (4 layers) all are personal ...
-    assert schedule("share_rep", 4, 30, 0.1, frozen_layers=share_rep_frozen(6, 2, 2))[1].modes == \
+    assert schedule("share_rep", 4, 30, 0.1, frozen_layers=share_rep_frozen(6, 2, 2))[0].modes == \
         (("user", "user"),) * 4
-    # ... with LoRA on the top 3 blocks, block 3's query and key stay frozen (after the global phase)
-    assert schedule("share_rep", 6, 30, 0.1, frozen_layers=share_rep_frozen(6, 3, 2))[1].modes == \
-        (("frozen", "frozen"),) * 2 + (("user", "user"),) * 4
+    # ... with LoRA on the top 3 blocks, block 3's query and key stay frozen from the first step
+    split = (("frozen", "frozen"),) * 2 + (("user", "user"),) * 4
+    for method in ("share_rep", "share_rep_same_head"):
+        assert [p.modes for p in schedule(method, 6, 30, 0.1, frozen_layers=share_rep_frozen(6, 3, 2))] == [split]
+    assert schedule("share_rep_phased", 6, 30, 0.1, frozen_layers=share_rep_frozen(6, 3, 2))[1].modes == split
 
 
-def test_share_rep_trains_only_the_top_blocks_per_user(backbone):
+def train_share_rep(backbone, method):
+    """`method` on a model with LoRA on the top 3 blocks (block 3 frozen by Share Rep), its head as `fit` builds it;
+    returns the model, the initial LoRA factors and head, and the phases."""
     cache3 = encode(backbone, generate(3, 6, 0, seed=1).texts, 48, lora_blocks=3)
-    model = model_for(backbone, cache3, per_user_head=True)
+    model = model_for(backbone, cache3, per_user_head=method in PER_USER_HEAD)
     g = torch.Generator().manual_seed(0)
-    prepare(model, "share_rep", 3, g)
-    phases = schedule("share_rep", len(model.lora), 9, 0.05, frozen_layers=share_rep_frozen(6, 3, 2))
+    prepare(model, method, 3, g)
+    initial = [(layer.A.detach().clone(), layer.B.detach().clone()) for layer in model.lora]
+    head = model.pooled.head.weight.detach().clone()
+    phases = schedule(method, len(model.lora), 9, 0.05, frozen_layers=share_rep_frozen(6, 3, 2))
+    data = Prefs(torch.arange(3).repeat_interleave(6), torch.arange(0, 36, 2), torch.arange(1, 36, 2))
+    train(model, data, phases, 3, 6, g)
+    return model, initial, head, phases
+
+
+@pytest.mark.parametrize("method,heads", [("share_rep", 3), ("share_rep_same_head", 1)])
+def test_share_rep_trains_only_the_top_blocks_per_user_from_the_first_step(backbone, method, heads):
+    model, initial, head, phases = train_share_rep(backbone, method)
+    assert len(phases) == 1
+    for layer, (a, b) in zip(model.lora[:2], initial[:2], strict=True):  # block 3: frozen, the pre-trained block
+        assert layer.A.dim() == 2 and torch.equal(layer.A, a) and torch.equal(layer.B, b) and not b.any()
+    for layer in model.lora[2:]:  # blocks 4-5: per user, moved apart
+        assert layer.A.dim() == 3 and layer.B.shape[0] == 3
+        assert layer.B.abs().sum() > 0 and not torch.equal(layer.B[0], layer.B[1])
+    weight = model.pooled.head.weight
+    assert weight.shape[0] == heads and not torch.equal(weight, head)  # a trained head per user, or one for all
+    if heads > 1:
+        assert not torch.allclose(weight[0] - head[0], weight[1] - head[1])
+
+
+def test_phased_ablation_trains_globally_then_only_the_top_blocks_per_user(backbone):
+    cache3 = encode(backbone, generate(3, 6, 0, seed=1).texts, 48, lora_blocks=3)
+    model = model_for(backbone, cache3, per_user_head="share_rep_phased" in PER_USER_HEAD)
+    g = torch.Generator().manual_seed(0)
+    prepare(model, "share_rep_phased", 3, g)
+    phases = schedule("share_rep_phased", len(model.lora), 9, 0.05, frozen_layers=share_rep_frozen(6, 3, 2))
     data = Prefs(torch.arange(3).repeat_interleave(6), torch.arange(0, 36, 2), torch.arange(1, 36, 2))
     train(model, data, phases[:1], 3, 6, g)
     after_global = [(layer.A.detach().clone(), layer.B.detach().clone()) for layer in model.lora]
+    assert all(b.abs().sum() > 0 for _, b in after_global)  # the global phase trained block 3 too
     train(model, data, phases[1:], 3, 6, g)
-    for layer, (a, b) in zip(model.lora[:2], after_global[:2], strict=True):  # block 3: shared, frozen
+    for layer, (a, b) in zip(model.lora[:2], after_global[:2], strict=True):  # block 3: shared, then frozen
         assert layer.A.dim() == 2 and torch.equal(layer.A, a) and torch.equal(layer.B, b)
     for layer, (_, b) in zip(model.lora[2:], after_global[2:], strict=True):  # blocks 4-5: per user, moved apart
         assert layer.A.dim() == 3 and layer.B.shape[0] == 3

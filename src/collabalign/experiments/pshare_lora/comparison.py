@@ -36,9 +36,13 @@ def comparison_part(cfg: Config, fits: Fits) -> Part:
              f"Truth: nu = {diversity['nu']}, Sigma_tail = {diversity['sigma_tail']}; d1 = {p.d1}, d2 = {p.d2}, "
              f"N = {p.users}, k = {p.k}, rho = {p.rho}, eta = {p.tail}, N_p = {p.n_train}; {cfg.train.steps} "
              f"full-batch Adam steps (lr {cfg.train.lr}) per method; sweeps over seeds {cfg.sweep_seeds()}."]
-    if p.depth == 1 and "share_rep" in cfg.methods:
-        notes.append("With depth 1 the model has a single LoRA layer, so Share Rep has no layer below to freeze: it is "
-                     "a global phase followed by per-user factors (both A and B) on that layer.")
+    if "share_rep" in cfg.methods:
+        notes.append(f"Share Rep is the linear shared-representation model: vec(Delta Theta_i) = Psi omega_i with Psi "
+                     f"({p.d1 * p.d2} x {p.k}) shared and learned jointly, and a head omega_i ({p.k}) per user, "
+                     "trained together over the whole budget.")
+    if p.depth == 1 and "share_rep_phased" in cfg.methods:
+        notes.append("With depth 1 the model has a single LoRA layer, so the phased Share Rep ablation has no layer "
+                     "below to freeze: it is a global phase followed by per-user factors (both A and B) on that layer.")
     claims = ordering_claims({m: v["accuracy"] for m, v in acc.items()})
     return Part(claims, records, metrics, notes)
 

@@ -9,17 +9,19 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 
 from collabalign.config import Distinct, Fraction, Grid, Probability, Strict
 from collabalign.federation.engine import EngineOptions
-from collabalign.methods.pshare_lora import METHODS
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
+from collabalign.methods.pshare_lora import METHODS, VARIANTS
+from collabalign.methods.pshare_lora.synthetic import SYNTHETIC_METHODS, ProblemConfig, TrainConfig
 from collabalign.methods.pshare_lora.text import TextTraining
 
 Zeta = NonNegativeFloat | Literal["theory", "oracle"]
 Source = Literal["tldr_like", "hh", "tldr"]
+SyntheticMethod = Literal[SYNTHETIC_METHODS]  # the same-head variant needs a score head: text only
+TextMethod = Literal[METHODS + VARIANTS]
 
 
 class SweepConfig(Strict):
     seeds: Grid[NonNegativeInt] | None = None  # None: the main comparison's seeds
-    methods: Grid[str] = ["global", "local", "pshare_si", "pshare_g", "full"]
+    methods: Grid[SyntheticMethod] = ["global", "local", "pshare_si", "pshare_g", "full"]
     n_train: Grid[PositiveInt] = [25, 50, 100, 200, 400, 800, 1600]  # N_p at the problem's defaults
     users: Distinct[PositiveInt] = []  # N at the problem's N_p
     spectrum_decay: Distinct[PositiveFloat] = []  # c: the k-th direction of every W*_i scaled by c (smaller ν)
@@ -35,7 +37,7 @@ class BanditConfig(Strict):
     coverage: Fraction = 0.5  # fraction of each prompt's candidates that mu_0 = mu_1 cover
     n_train: Grid[PositiveInt] = [25, 50, 100, 200]  # N_p, comparisons per user (nested: the first N_p of one draw)
     zetas: Grid[Zeta] = [0.0, 0.01, 0.1, "theory", "oracle"]  # "theory": `bandit.theory_zeta`; "oracle": ||D^-D*||^2
-    methods: Grid[str] = ["global", "local", "pshare_si", "pshare_g", "full"]
+    methods: Grid[SyntheticMethod] = ["global", "local", "pshare_si", "pshare_g", "full"]
     train: TrainConfig = TrainConfig(steps=600)  # the main run's recipe, fewer steps
     iters: PositiveInt = 200  # exponentiated-gradient iterations of the policy solver
     step: PositiveFloat = 1.0  # its largest step, in reward units per prompt
@@ -95,7 +97,8 @@ class TextConfig(Strict):
     epochs: PositiveFloat = 3.0
     lr: PositiveFloat = 3e-3  # tuned once on LoRA-global (probe: 3e-4 .497, 1e-3 .563, 3e-3 .647, 1e-2 .643), for all
     linear_schedule: bool = True
-    methods: Grid[str] = [m for m in METHODS if m != "full"]
+    methods: Grid[TextMethod] = ["global", "local", "share_rep", "share_rep_same_head", "pshare_si", "pshare_g",
+                                 "pshare_wu", "share_a"]  # the phased Share Rep ablation only when listed
 
     def training(self) -> TextTraining:
         return TextTraining(self.rank, self.alpha, self.dropout, self.batch_size, self.epochs, self.lr,
@@ -107,7 +110,7 @@ class Config(Strict):
     seeds: Grid[NonNegativeInt] = [0, 1, 2]
     problem: ProblemConfig = ProblemConfig()
     train: TrainConfig = TrainConfig()
-    methods: Distinct[str] = list(METHODS)  # empty: no synthetic comparison or sweeps
+    methods: Distinct[SyntheticMethod] = list(METHODS)  # empty: no synthetic comparison or sweeps
     sweep: SweepConfig = SweepConfig()
     bandit: BanditConfig = BanditConfig()  # spec §8.3, on the main problem's truth
     federated: FederatedConfig = FederatedConfig()  # users as clients, on the main problem

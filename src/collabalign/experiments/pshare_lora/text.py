@@ -132,8 +132,10 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
                       f"(r {cfg.rank}, alpha {cfg.alpha}, dropout {cfg.dropout}) on {'/'.join(cfg.targets)} of the top "
                       f"{cfg.lora_blocks} blocks (lower blocks cached), max {cfg.max_length} tokens; Adam lr {cfg.lr}"
                       f"{' linear to 0' if cfg.linear_schedule else ''}, batch {cfg.batch_size}, {cfg.epochs} epochs' "
-                      "steps for every method (G: 2/3 global then lr/3; WU: 0.1 global; Share Rep: global phase, "
-                      "then per-user LoRA on the top 30% of the 6 blocks at lr/3, per-user heads throughout).")
+                      "steps for every method (G: 2/3 global then lr/3; WU: 0.1 global; Share Rep: the bottom 70% of "
+                      "the blocks frozen, per-user LoRA above and a head per user, from the first step; its same-head "
+                      "variant: one head for all users; its phased ablation: a global phase first, then that split "
+                      "at lr/3).")
     labeler_bars(run_dir, source, name, acc, cfg.methods, oracle)
 
 

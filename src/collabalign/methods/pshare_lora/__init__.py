@@ -2,7 +2,17 @@
 up-projection B (column space) with personal down-projections A_i, its G / WU variants and the baselines."""
 
 from collabalign.methods.pshare_lora.sharing import configure, project_, user_deltas
-from collabalign.methods.pshare_lora.train import LABELS, METHODS, Phase, Prefs, pair_loss, prepare, schedule, train
+from collabalign.methods.pshare_lora.train import (
+    LABELS,
+    METHODS,
+    VARIANTS,
+    Phase,
+    Prefs,
+    pair_loss,
+    prepare,
+    schedule,
+    train,
+)
 
-__all__ = ["LABELS", "METHODS", "Phase", "Prefs", "configure", "pair_loss", "prepare", "project_", "schedule", "train",
-           "user_deltas"]
+__all__ = ["LABELS", "METHODS", "VARIANTS", "Phase", "Prefs", "configure", "pair_loss", "prepare", "project_",
+           "schedule", "train", "user_deltas"]

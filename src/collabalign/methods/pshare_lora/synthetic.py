@@ -1,5 +1,11 @@
 """The §8.1 bilinear preference problem: r_i(u, v) = u^T Theta_i v with Theta_i = Theta_init + U* W*_i + E_i, and
-the metrics the theory speaks about (held-out accuracy per user, parameter error, subspace distance)."""
+the metrics the theory speaks about (held-out accuracy per user, parameter error, subspace distance).
+
+Share Rep here (spec §3.6 decision: the linear shared-representation model of Zhong / Park et al.) has no layers to
+split 70 / 30: vec(Delta Theta_i) = Psi omega_i, where Psi (d1 d2 x k, k' = k) maps the features vec(u v^T) to a
+k-dimensional representation shared by every user (the "bottom 70%") and omega_i (k) is user i's linear head (the
+"top 30%"). Nothing here is pre-trained, so Psi is learned jointly with the heads on every user's pairs, from the
+first step; the 70 / 30 proportion itself has no counterpart. `depth` does not apply to it."""
 
 from __future__ import annotations
 
@@ -11,9 +17,12 @@ from torch import Tensor, nn
 
 from collabalign.config import Probability, Strict
 from collabalign.lora import Blocks, inject_lora, routed
-from collabalign.methods.pshare_lora.train import Prefs, per_user_mean, prepare, schedule, train
+from collabalign.methods.pshare_lora.sharing import user_deltas
+from collabalign.methods.pshare_lora.train import METHODS, Prefs, per_user_mean, prepare, schedule, train
 from collabalign.models.reward import pair_correct
 from collabalign.seeding import Seeds
+
+SYNTHETIC_METHODS = (*METHODS, "share_rep_phased")  # the same-head variant needs a score head: text only
 
 
 class ProblemConfig(Strict):
@@ -44,7 +53,7 @@ class TrainConfig(Strict):
     batch_size: NonNegativeInt = 0  # 0: full batch (spec §8.1); else mixed-user mini-batches
     norm_projection: bool = True  # ||Delta Theta_i||_F <= norm_slack * max_i ||Delta Theta*_i||_F after every step
     norm_slack: PositiveFloat = 1.1
-    global_fraction: Probability = 2 / 3  # G and Share Rep: the global phase
+    global_fraction: Probability = 2 / 3  # G and the phased Share Rep ablation: the global phase
     warmup_fraction: Probability = 0.1  # WU: 0.3 of 3 epochs
 
 
@@ -141,9 +150,34 @@ def model_for(truth: Truth, rank: int, depth: int = 1) -> BilinearNet:
     return net
 
 
+class RepresentationNet(nn.Module):
+    """r(u, v) = score(vec(u v^T)), score's frozen weight vec(Theta_init): with LoRA on `score`, A = Psi^T (k x d1 d2)
+    is the shared representation and B_i = omega_i^T (1 x k) user i's head, so Share Rep trains as share-A."""
+
+    def __init__(self, theta_init: Tensor):
+        super().__init__()
+        self.d1, self.d2 = theta_init.shape
+        self.score = nn.Linear(self.d1 * self.d2, 1, bias=False)
+        self.score.weight.data = theta_init.reshape(1, -1).clone()
+
+    def forward(self, x: Tensor) -> Tensor:
+        u, v = x[:, :self.d1], x[:, self.d1:]
+        return self.score((u[:, :, None] * v[:, None, :]).flatten(1)).squeeze(-1)
+
+
+def representation_model(truth: Truth, rank: int) -> RepresentationNet:
+    """Share Rep's model: Psi of `rank` columns (k' = k, spec §8.1) on the features, scale 1, base frozen."""
+    net = RepresentationNet(truth.theta_init)
+    inject_lora(net, ["score"], rank, alpha=rank)
+    return net
+
+
 @torch.no_grad()
-def effective_delta(net: BilinearNet, n_users: int) -> Tensor:
-    """Each user's learned Theta_i - Theta_init, (N, d1, d2), from one routed pass of the identity basis."""
+def effective_delta(net: BilinearNet | RepresentationNet, n_users: int) -> Tensor:
+    """Each user's learned Theta_i - Theta_init, (N, d1, d2): Share Rep's reshaped B_i A, else one routed pass of the
+    identity basis."""
+    if isinstance(net, RepresentationNet):
+        return user_deltas(net.score).reshape(-1, net.d1, net.d2).expand(n_users, -1, -1)
     d2 = net.f[0].base.in_features
     eye = torch.eye(d2).repeat(n_users, 1)
     with routed(net, Blocks(n_users)):
@@ -153,7 +187,7 @@ def effective_delta(net: BilinearNet, n_users: int) -> Tensor:
 
 
 @torch.no_grad()
-def evaluate(net: BilinearNet, truth: Truth, test: Prefs) -> dict:
+def evaluate(net: BilinearNet | RepresentationNet, truth: Truth, test: Prefs) -> dict:
     """Held-out accuracy per user (ties 0.5) and mean, agreement with the true sign, parameter error
     (1/N) sum ||Delta^_i - Delta*_i||_F^2, reward-difference MSE and dist(B^, B°) (Def. A.1)."""
     n, k = truth.delta.shape[0], truth.basis.shape[1]
@@ -178,13 +212,17 @@ def evaluate(net: BilinearNet, truth: Truth, test: Prefs) -> dict:
 
 
 def fit_model(truth: Truth, data: Prefs, problem: ProblemConfig, tc: TrainConfig, method: str,
-              generator: torch.Generator) -> tuple[BilinearNet, list[float]]:
+              generator: torch.Generator) -> tuple[BilinearNet | RepresentationNet, list[float]]:
     """`method` trained on `data` by the §8.1 recipe (the same step budget for every method; the personal factors
-    projected to norm_slack x the largest true update after every step); returns the model and its losses."""
-    net = model_for(truth, problem.k, problem.depth)
+    projected to norm_slack x the largest true update after every step); returns the model and its losses. Share Rep
+    is `RepresentationNet` trained as share-A (Psi shared, the heads omega_i per user) over the whole budget."""
+    if method not in SYNTHETIC_METHODS:
+        raise ValueError(f"{method!r} does not run on the bilinear problem; known: {', '.join(SYNTHETIC_METHODS)}")
+    rep = method == "share_rep"
+    net = representation_model(truth, problem.k) if rep else model_for(truth, problem.k, problem.depth)
     prepare(net, method, problem.users, generator)
-    phases = schedule(method, problem.depth, tc.steps, tc.lr, tc.linear_schedule, tc.global_fraction,
-                      tc.warmup_fraction)
+    phases = schedule("share_a" if rep else method, 1 if rep else problem.depth, tc.steps, tc.lr, tc.linear_schedule,
+                      tc.global_fraction, tc.warmup_fraction)
     max_norm = tc.norm_slack * float(truth.delta.flatten(1).norm(dim=1).max()) if tc.norm_projection else None
     losses = train(net, data, phases, problem.users, tc.batch_size, generator, max_norm)
     return net, losses

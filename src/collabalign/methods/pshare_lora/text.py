@@ -1,8 +1,9 @@
 """The P-ShareLoRA text reward model (spec §8.4): a MiniLM-style encoder with LoRA on `query` and `key` of its top
 blocks, the frozen blocks below run once per text and cached, mean pooling and a scalar score head that is shared
-(global, P-ShareLoRA, share-A) or one per user (LoRA-local, Share Rep; spec §9.5), routed per sample like the LoRA
-factors. The model's input is a tensor of row indices into the cached texts, so `Prefs(users, chosen_rows,
-rejected_rows)` trains with the method-agnostic `prepare / schedule / train` unchanged."""
+(global, P-ShareLoRA, share-A, Share Rep's same-head variant) or one per user (LoRA-local, Share Rep and its phased
+ablation; spec §9.5: the paper's "personalized heads"), routed per sample like the LoRA factors. The model's input
+is a tensor of row indices into the cached texts, so `Prefs(users, chosen_rows, rejected_rows)` trains with the
+method-agnostic `prepare / schedule / train` unchanged."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ from collabalign.models.reward import pair_correct
 from collabalign.seeding import Seeds
 
 TARGETS = ("query", "key")
-PER_USER_HEAD = ("local", "share_rep")
+PER_USER_HEAD = ("local", "share_rep", "share_rep_phased")
 
 
 def encode(backbone: Backbone, texts: Sequence[str], max_length: int, lora_blocks: int,
@@ -97,7 +98,8 @@ class TextRewardModel(CachedModel):
 
 def share_rep_frozen(n_blocks: int, lora_blocks: int, per_block: int, frozen_fraction: float = 0.7) -> int:
     """How many LoRA layers (bottom to top, as `schedule` counts them) lie in the bottom floor(frozen_fraction *
-    n_blocks) transformer blocks: Share Rep's frozen part measured in blocks, not LoRA layers."""
+    n_blocks) transformer blocks: Share Rep's frozen shared representation measured in blocks, not LoRA layers
+    (blocks without LoRA are frozen anyway)."""
     return max(0, math.floor(frozen_fraction * n_blocks) - (n_blocks - lora_blocks)) * per_block
 
 

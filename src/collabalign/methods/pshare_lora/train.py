@@ -20,10 +20,14 @@ from collabalign.methods.pshare_lora.sharing import Mode, configure, project_, s
 from collabalign.models.reward import bt_loss
 
 METHODS = ("global", "local", "share_rep", "pshare_si", "pshare_g", "pshare_wu", "share_a", "full")
+VARIANTS = ("share_rep_phased", "share_rep_same_head")  # run only where a config lists them
 LABELS = {"global": "LoRA-global", "local": "LoRA-local", "share_rep": "Share Rep", "pshare_si": "P-ShareLoRA (SI)",
           "pshare_g": "P-ShareLoRA (G)", "pshare_wu": "P-ShareLoRA (WU)", "share_a": "share-A ablation",
-          "full": "full per-user matrices"}
+          "full": "full per-user matrices", "share_rep_phased": "Share Rep (global then personal; ablation)",
+          "share_rep_same_head": "Share Rep (same head)"}
 GLOBAL: tuple[Mode, Mode] = ("shared", "shared")
+FROZEN: tuple[Mode, Mode] = ("frozen", "frozen")
+PERSONAL: tuple[Mode, Mode] = ("user", "user")
 
 
 @dataclass
@@ -64,14 +68,14 @@ class Phase:
 
 
 def schedule(method: str, n_layers: int, steps: int, lr: float, linear: bool = False, global_fraction: float = 2 / 3,
-             warmup_fraction: float = 0.1, shared_fraction: float = 0.7, frozen_layers: int | None = None
+             warmup_fraction: float = 0.1, frozen_fraction: float = 0.7, frozen_layers: int | None = None
              ) -> list[Phase]:
     """The phases of `method` for `steps` steps in total (spec §3.3–3.6: every method gets the same budget).
 
     G: global for `global_fraction` of the steps, then P-ShareLoRA at lr/3 (spec §3.3). WU: global for
-    `warmup_fraction`, then P-ShareLoRA continuing the same schedule. Share Rep: a global (shared) phase as long as
-    G's, then the bottom floor(shared_fraction * L) layers (or exactly `frozen_layers`) frozen and the top layers
-    per-user, at lr/3 like G.
+    `warmup_fraction`, then P-ShareLoRA continuing the same schedule. Share Rep (either head): the bottom
+    floor(frozen_fraction * L) layers (or exactly `frozen_layers`) frozen and the top layers per-user, in one phase
+    over the whole budget. The phased ablation: a global phase as long as G's, then that split at lr/3 like G.
     `linear`: the rate decays to 0 over the whole budget (the paper's schedule), else it is constant.
     """
     def rate(t: int) -> float:
@@ -83,8 +87,12 @@ def schedule(method: str, n_layers: int, steps: int, lr: float, linear: bool = F
         first = rate(t0) if start is None else start
         return Phase(t1 - t0, (first, rate(t1) if linear else first), per_layer)
 
-    personal = {"global": GLOBAL, "local": ("user", "user"), "pshare_si": ("user", "shared"),
-                "share_a": ("shared", "user"), "full": ("frozen", "user")}
+    bottom = math.floor(frozen_fraction * n_layers) if frozen_layers is None else frozen_layers
+    # Paper §5: "the first 70% of the reward model's layers are frozen as the shared representation, while the
+    # remaining 30% are treated as personalized heads": frozen from the start, never trained (spec §3.6).
+    share_rep = [FROZEN] * bottom + [PERSONAL] * (n_layers - bottom)
+    personal = {"global": GLOBAL, "local": PERSONAL, "pshare_si": ("user", "shared"), "share_a": ("shared", "user"),
+                "full": ("frozen", "user"), "share_rep": share_rep, "share_rep_same_head": share_rep}
     if method in personal:
         return [phase(0, steps, personal[method])]
     if method == "pshare_wu":
@@ -93,11 +101,9 @@ def schedule(method: str, n_layers: int, steps: int, lr: float, linear: bool = F
     t = round(global_fraction * steps)
     if method == "pshare_g":
         return [phase(0, t, GLOBAL), phase(t, steps, ("user", "shared"), start=lr / 3)]
-    if method == "share_rep":
-        bottom = math.floor(shared_fraction * n_layers) if frozen_layers is None else frozen_layers
-        modes = [("frozen", "frozen")] * bottom + [("user", "user")] * (n_layers - bottom)
-        return [phase(0, t, GLOBAL), phase(t, steps, modes, start=lr / 3)]
-    raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS)}")
+    if method == "share_rep_phased":
+        return [phase(0, t, GLOBAL), phase(t, steps, share_rep, start=lr / 3)]
+    raise ValueError(f"unknown method {method!r}; known: {', '.join(METHODS + VARIANTS)}")
 
 
 def prepare(model: nn.Module, method: str, n_users: int, generator: torch.Generator) -> None:
