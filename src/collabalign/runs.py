@@ -27,15 +27,20 @@ os.umask(_UMASK)  # the process's umask, read once (os has no getter)
 _TRACKED_PACKAGES = ("torch", "numpy", "transformers", "peft", "flwr", "pydantic")
 
 
-def atomic_write_text(path: str | Path, text: str) -> None:
-    """Writes `text` so that readers see either the old file or the whole new one."""
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Writes `data` so that readers see either the old file or the whole new one (mode 0666 less the umask)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp creates 0600; output files are as readable as any other file
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-        f.write(text)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
     os.replace(tmp, path)
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """`atomic_write_bytes` of UTF-8 text."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def environment() -> dict[str, Any]:
@@ -161,13 +166,7 @@ class RunDir:
         """A safetensors file of named numpy arrays (e.g. final adapters), written atomically."""
         from safetensors.numpy import save
 
-        path = self.path / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-        os.fchmod(fd, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "wb") as f:
-            f.write(save(dict(arrays)))
-        os.replace(tmp, path)
+        atomic_write_bytes(self.path / name, save(dict(arrays)))
 
     def write_json(self, name: str, data: Any) -> None:
         atomic_write_text(self.path / name, json.dumps(data, indent=2, sort_keys=True))

@@ -9,15 +9,14 @@ record, ledger rows, timing, faults) as the round ends, so a killed run loses at
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 from safetensors import SafetensorError
-from safetensors.numpy import load_file, save_file
+from safetensors.numpy import load_file, save
 
-from collabalign.runs import atomic_write_text
+from collabalign.runs import atomic_write_bytes, atomic_write_text
 
 _ARRAY = "__array__"  # a JSON leaf {"__array__": name} stands for an array in the safetensors file
 _TUPLE = "__tuple__"
@@ -78,9 +77,7 @@ class Checkpoint:
         arrays: dict[str, np.ndarray] = {}
         skeleton = flatten(tree, arrays)
         name = f"state-{round_:05d}.safetensors"
-        tmp = self.folder / f".{name}.tmp"
-        save_file(arrays, str(tmp))
-        os.replace(tmp, self.folder / name)
+        atomic_write_bytes(self.folder / name, save(arrays))
         previous = self._arrays_file()
         atomic_write_text(self.folder / "state.json", json.dumps({"round": round_, "arrays": name, "tree": skeleton}))
         if previous is not None and previous.name != name:
