@@ -81,7 +81,9 @@ def test_cross_field_checks():
     with pytest.raises(ConfigError, match="minibatch"):
         load_config(CONFIG_DIR / "firm" / "quick.yaml", ["toy.minibatch=32"])
     with pytest.raises(ConfigError, match="fixed_k"):
-        load_config(CONFIG_DIR / "fslora" / "quick.yaml", ["ablations.fixed_k=8"])
+        load_config(CONFIG_DIR / "fslora" / "quick.yaml", ["ablations.fixed_k=16"])
+    with pytest.raises(ConfigError, match="budget_task"):
+        load_config(CONFIG_DIR / "fslora" / "quick.yaml", ["glue.tasks=[RTE]", "glue.budget_task=SST-2"])
     with pytest.raises(ConfigError, match="exceeds d1"):
         load_config(CONFIG_DIR / "pshare_lora" / "quick.yaml", ["problem.k=40"])
 

@@ -83,3 +83,22 @@ def test_a_failed_run_records_the_error(tmp_path, env, monkeypatch):
         main(["run", str(config_path("quickstart", quick=True)), *TINY, "--out", str(tmp_path / "r"), "--no-progress"])
     status = json.loads((tmp_path / "r" / "status.json").read_text())
     assert status["status"] == "failed" and status["error"] == "RuntimeError: out of memory"
+
+
+def test_cached_json_recomputes_only_when_the_fingerprint_changes(tmp_path):
+    from collabalign.runs import cached_json, fingerprint
+
+    calls = []
+
+    def compute():
+        calls.append(1)
+        return {"value": len(calls)}
+
+    path = tmp_path / "cells" / "a.json"
+    key = fingerprint({"lr": 0.1, "seed": 0})
+    assert key == fingerprint({"seed": 0, "lr": 0.1}) != fingerprint({"seed": 1, "lr": 0.1})
+    assert cached_json(path, key, compute) == {"value": 1, "fingerprint": key}
+    assert cached_json(path, key, compute)["value"] == 1 and len(calls) == 1  # read back, not recomputed
+    other = fingerprint({"lr": 0.2, "seed": 0})
+    assert cached_json(path, other, compute) == {"value": 2, "fingerprint": other}
+    assert json.loads(path.read_text())["fingerprint"] == other

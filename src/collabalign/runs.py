@@ -4,13 +4,14 @@ plots/ and report.md. Every file is written atomically (temp file + rename)."""
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import os
 import re
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
@@ -41,6 +42,25 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
 def atomic_write_text(path: str | Path, text: str) -> None:
     """`atomic_write_bytes` of UTF-8 text."""
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def fingerprint(settings: Any) -> str:
+    """A short hash of JSON-able settings: every setting that changes a cached result's numbers."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def cached_json(path: str | Path, key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """compute()'s result saved at `path` under the fingerprint `key`, or read from there when a computation with
+    the same key finished before: a run killed midway, or split across processes into one folder, continues to the
+    same results without repeating finished work."""
+    path = Path(path)
+    if path.exists():
+        saved = json.loads(path.read_text())
+        if saved.get("fingerprint") == key:
+            return saved
+    out = compute() | {"fingerprint": key}
+    atomic_write_text(path, json.dumps(out))
+    return out
 
 
 def environment() -> dict[str, Any]:

@@ -6,16 +6,18 @@ import pytest
 
 from collabalign.claims import VERDICTS
 from collabalign.cli import CONFIG_DIR, config_path, load_config, main
-from collabalign.experiments.fslora import ablations, e1_comparison, e6_timing, theory
+from collabalign.experiments.fslora import ablations, e1_comparison, e6_timing, glue, theory
 
 from .toy import run_twice
 
-DECLARED = [e1_comparison.BEST_AVERAGE, e6_timing.DEVICE_TIME_AS_HETEROLORA, e6_timing.CHEAPER_THAN_FLEX_AND_STACK,
+DECLARED = [e1_comparison.BEST_AVERAGE, glue.LEARNED, glue.GLUE_EQUAL_BUDGET, e6_timing.DEVICE_TIME_AS_HETEROLORA,
+            e6_timing.CHEAPER_THAN_FLEX_AND_STACK,
             *ablations.CLAIMS, *theory.CLAIMS]
 
 TOY = ["seeds=[0]", "synthetic.n_train=200", "synthetic.n_test=200", "federation.devices=5", "federation.min_size=4",
        "federation.rounds=2", "federation.steps=2", "federation.eval_every=1", "ablations.budget_ranks=[8]",
-       "ablations.ratio_grid=[0.5, 1.0]", "ablations.rank_grid=[4, 8]", "ablations.top_k_rounds=1",
+       "ablations.many_devices=8", "ablations.many_devices_ranks=[8]", "ablations.ratio_grid=[0.5, 1.0]",
+       "ablations.rank_grid=[4, 8]", "ablations.fixed_k=4", "ablations.top_k_rounds=1",
        "theory.rate_rounds=[50, 100]", "theory.speedup_rounds=50", "theory.bias_rounds=50", "timing_reps=1",
        "--no-progress"]
 
@@ -29,13 +31,17 @@ def test_every_declared_claim_is_reported_with_its_rule_and_a_verdict(toy_runs):
     summary = json.loads((toy_runs[0] / "summary.json").read_text())
     assert [c["name"] for c in summary["claims"]] == [c.name for c in DECLARED]
     for record, claim in zip(summary["claims"], DECLARED, strict=True):
-        assert record["verdict"] in VERDICTS and "not_run" not in record["measured"]
+        glue_claim = claim in (glue.LEARNED, glue.GLUE_EQUAL_BUDGET)  # the toy run has no GLUE tasks
+        assert record["verdict"] in VERDICTS and ("not_run" in record["measured"]) == glue_claim
+        if glue_claim:
+            continue
         assert (record["rule"], record["scale"], record["lower_is_better"]) == (claim.rule, claim.scale,
                                                                                claim.lower_is_better)
         assert record["n"] == 1 or claim in (e6_timing.DEVICE_TIME_AS_HETEROLORA,
                                              e6_timing.CHEAPER_THAN_FLEX_AND_STACK)  # one seed; E6: one per rep
-    assert set(summary["metrics"]["ablations"]) == {"E2", "E3", "E4", "E5"}
-    for plot in ("E1_synthetic", "E2_equal_budget", "E3_ratio", "E4_global_rank", "E5_topk_upload"):
+    assert set(summary["metrics"]["ablations"]) == {"E2", "E2_many_devices", "E3", "E4", "E5"}
+    for plot in ("E1_synthetic", "E2_equal_budget", "E2_many_devices", "E3_ratio", "E3_upload", "E4_global_rank",
+                 "E4_upload", "E5_topk_upload"):
         assert (toy_runs[0] / "plots" / f"{plot}.png").stat().st_size > 1000
     report = (toy_runs[0] / "report.md").read_text()
     assert "| synthetic | " in report and "| SST-2 |" not in report  # no GLUE rows without GLUE tasks
@@ -82,26 +88,29 @@ def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
     BertModel(BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                          intermediate_size=64)).save_pretrained(tiny)
     AutoTokenizer.from_pretrained(package_dir(MINILM_PACKAGE) / "model").save_pretrained(tiny)
-    overrides = [f"glue.backbone={tiny}", "glue.device=cpu", "glue.tasks=[RTE]", "glue.max_train=24",
+    overrides = [f"glue.backbone={tiny}", "glue.device=cpu", "glue.tasks=[RTE]", "glue.budget_task=null",
+                 "glue.max_train=24",
                  "glue.lora_blocks=2", "glue.max_length=32", *TOY[:-1], "federation.devices=3",
                  "federation.min_size=2", "ablations.run=false", "theory.run=false",
-                 "glue.federation={rounds: 1, momentum: 0.9}", "glue.sensitivity=[[0.1, 0.0, 4.0]]", "--no-progress"]
+                 "glue.federation={rounds: 1, momentum: 0.9}", "--no-progress"]
     assert main(["run", str(path), *overrides, "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert "RTE/fslora" in summary["metrics"]["E1"]
     assert [c["name"] for c in summary["claims"]] == [c.name for c in DECLARED]  # switched-off parts: not run
-    assert summary["claims"][0]["measured"]["problems"] == ["synthetic", "RTE"]
+    learned = summary["claims"][1]
+    assert summary["claims"][0]["measured"]["problems"] == ["synthetic", *glue.learned_tasks(learned, ["RTE"])]
     off = [c for c in summary["claims"] if "not_run" in c["measured"]]
-    assert [c["name"] for c in off] == [c.name for c in (*ablations.CLAIMS, *theory.CLAIMS)]
+    assert [c["name"] for c in off] == [c.name for c in (glue.GLUE_EQUAL_BUDGET, *ablations.CLAIMS, *theory.CLAIMS)]
     assert {c["verdict"] for c in off} == {"inconclusive"}
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
-    glue = [r for r in records if r.get("problem") == "RTE" and r["experiment"] == "E1"]
-    assert max(r["round"] for r in glue) == 1 < max(r["round"] for r in records if r.get("problem") == "synthetic")
-    final = [r for r in glue if r["round"] == 1]
-    assert len(final) == 5 and all("score_without_lora" in r and r["delta_w_rel_norm"] >= 0 for r in final)
-    sensitivity = [n for n in summary["notes"] if n.startswith("GLUE sensitivity")]
-    assert len(sensitivity) == 1 and "| 0.1 | 0 | 4 |" in sensitivity[0]
-    assert {r["experiment"] for r in records} == {"E1", "GLUE sensitivity"}
+    glue_runs = [r for r in records if r.get("problem") == "RTE" and r["experiment"] == "E1"]
+    assert max(r["round"] for r in glue_runs) == 1 < max(r["round"] for r in records
+                                                         if r.get("problem") == "synthetic")
+    final = [r for r in glue_runs if r["round"] == 1]
+    assert {r["method"] for r in final} == set(glue.ARMS) and len(final) == 7  # one seed, the paper's one lr
+    assert all("score_without_lora" in r and r["delta_w_rel_norm"] >= 0 for r in final)
+    assert {r["scored_on"] for r in glue_runs} == {"dev"}  # a one-point grid runs no selection
+    assert {r["experiment"] for r in records} == {"E1"}
 
 
 def test_a_bad_glue_federation_override_is_named_before_any_work(tmp_path, capsys):

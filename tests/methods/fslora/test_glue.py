@@ -1,7 +1,9 @@
 """The GLUE problem on real MiniLM and the shared GLUE files (marked real)."""
 
+import numpy as np
 import pytest
 import torch
+from torch import nn
 
 from collabalign.data import shared_data_dir
 from collabalign.federation import simulate
@@ -34,3 +36,64 @@ def test_glue_problem_trains_lora_on_cached_top_block(backbone, task, extra):
     assert set(result.metrics[-1]) == {"round", "accuracy", "loss"} | extra
     assert result.state["head/pooled.head.weight"].shape == (2, 384)
     assert any(abs(result.state[k]).sum() > 0 for k in result.state if k.endswith(".B"))
+
+
+@pytest.fixture(scope="module")
+def stsb(backbone):
+    setup = GlueSetup(rank=8, sgd=LocalSGD(steps=30, lr=0.05), max_train=48, max_length=32, max_test=32)
+    return glue_problem("STS-B", shared_data_dir() / "glue", backbone, setup, Seeds(0))
+
+
+def test_stsb_is_a_one_output_regression_scored_by_pearson(stsb):
+    problem, train = stsb
+    assert problem.regression and train.y.dtype == problem.test.y.dtype == torch.float32
+    assert 0 <= float(train.y.min()) and float(train.y.max()) <= 5
+    clients = {f"d{i}": train[torch.arange(i, 48, 3)] for i in range(3)}
+    result = simulate(fslora(problem, device_ranks(Seeds(0), list(clients), 8), 8), clients, rounds=1, seed=0,
+                      progress=False)
+    assert [set(m) for m in result.metrics] == [{"round", "pearson", "loss"}] * 2
+    assert result.metrics[-1]["loss"] < result.metrics[0]["loss"]  # the untrained head's scores are far from 0..5
+    assert result.state["head/pooled.head.weight"].shape == (1, 384)
+    assert any(abs(result.state[k]).sum() > 0 for k in result.state if k.endswith(".B"))
+
+
+def test_stsb_training_fits_the_training_scores(stsb):
+    problem, train = stsb
+    shapes = problem.shapes
+    gen = torch.Generator().manual_seed(0)
+    factors = {n: (np.zeros((m, 8), np.float32), problem.init_a(gen, 8, k)) for n, (m, k) in shapes.items()}
+    head = problem.init_head(Seeds(0))
+    trained, new_head = problem.local_train(factors, head, 1.0, None, train, torch.Generator().manual_seed(0))
+    test, problem.test = problem.test, train  # score the training rows
+    try:
+        before = problem.evaluate({n: np.zeros(s, np.float32) for n, s in shapes.items()}, head)
+        after = problem.evaluate({n: B @ A for n, (B, A) in trained.items()}, new_head)
+    finally:
+        problem.test = test
+    assert after["loss"] < 0.5 * before["loss"]
+    assert after["pearson"] > max(0.5, before["pearson"] + 0.3)
+
+
+def test_glue_lora_dropout_is_seeded_by_the_device_generator(backbone):
+    setup = GlueSetup(rank=4, sgd=LocalSGD(steps=2, lr=0.5), max_train=32, max_length=32, max_test=16, dropout=0.1)
+    problem, train = glue_problem("SST-2", shared_data_dir() / "glue", backbone, setup, Seeds(0))
+    assert all(isinstance(layer.dropout, nn.Dropout) and layer.dropout.p == 0.1 for layer in problem.layers.values())
+    assert not any(m.training for m in problem.model.modules())
+    gen = torch.Generator().manual_seed(0)
+    factors = {n: (0.01 * torch.randn(m, 4, generator=gen).numpy(), problem.init_a(gen, 4, k))
+               for n, (m, k) in problem.shapes.items()}
+    head = problem.init_head(Seeds(0))
+
+    def run(seed):
+        """The trained factors and head as one vector."""
+        trained, new_head = problem.local_train(factors, head, 1.0, None, train, torch.Generator().manual_seed(seed))
+        return np.concatenate([x.ravel() for pair in trained.values() for x in pair]
+                              + [x.ravel() for x in new_head.values()])
+
+    state = torch.get_rng_state()
+    first = run(1)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert np.array_equal(first, run(1)) and not np.array_equal(first, run(2))
+    assert not any(m.training for m in problem.model.modules())
+    delta = {n: np.zeros(s, np.float32) for n, s in problem.shapes.items()}
+    assert problem.evaluate(delta, head) == problem.evaluate(delta, head)

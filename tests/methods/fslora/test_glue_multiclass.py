@@ -25,6 +25,7 @@ def test_glue_problem_on_three_class_mnli(tmp_path):
     backbone = Backbone(model, AutoTokenizer.from_pretrained(package_dir(MINILM_PACKAGE) / "model"), False)
     setup = GlueSetup(rank=4, sgd=LocalSGD(steps=2, lr=0.5), max_train=12, max_length=16)
     problem, train = glue_problem("MNLI", tmp_path, backbone, setup, Seeds(0))
+    assert model.training and not any(m.training for m in problem.model.modules())  # a copy, its dropout off
     assert len(train) == 12 and len(problem.test) == 6
     assert sorted(train.y.tolist()) == [0] * 4 + [1] * 4 + [2] * 4 and problem.test.y.tolist() == [0, 1, 2] * 2
     clients = {f"d{i}": train[torch.arange(i, 12, 2)] for i in range(2)}

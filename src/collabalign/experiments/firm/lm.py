@@ -5,7 +5,6 @@ evaluated rounds."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +15,7 @@ from collabalign.data.safety_prompts import safety_prompts
 from collabalign.experiments.firm import lm_plots
 from collabalign.experiments.firm.common import tagged
 from collabalign.experiments.firm.lm_setup import Arm, LMConfig, LMRunner, arms
-from collabalign.runs import Part, RunDir, atomic_write_text
+from collabalign.runs import Part, RunDir, cached_json
 from collabalign.seeding import Seeds
 
 REWARD_MARGIN = 0.02  # a reward difference smaller than this (on [0, 1]) is "comparable" (declared a priori)
@@ -71,17 +70,13 @@ def cached_run(runner: LMRunner, arm: Arm, seed: int, folder: Path, fingerprint:
     """One (arm, seed) run's records, ledger rows and Table 1 samples, read from `folder` when a run with the same
     fingerprint (every setting that changes its numbers) finished there before, else run and saved: a main run
     killed midway, or split across processes (lm.only) into one folder, continues to the same results."""
-    path = folder / f"{arm.name.replace('/', '_')}__seed{seed}.json"
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if saved["fingerprint"] == fingerprint:
-            return saved
-    records, ledger = runner.run(arm, seed, progress)
-    wants_samples = seed == 0 and (arm.name == "firm" or arm.name.startswith("p1/p2"))
-    done = {"fingerprint": fingerprint, "records": records, "ledger": [list(row) for row in ledger.rows],
-            "samples": runner.samples() if wants_samples else None}
-    atomic_write_text(path, json.dumps(done))
-    return done
+    def compute() -> dict:
+        records, ledger = runner.run(arm, seed, progress)
+        wants_samples = seed == 0 and (arm.name == "firm" or arm.name.startswith("p1/p2"))
+        return {"records": records, "ledger": [list(row) for row in ledger.rows],
+                "samples": runner.samples() if wants_samples else None}
+
+    return cached_json(folder / f"{arm.name.replace('/', '_')}__seed{seed}.json", fingerprint, compute)
 
 
 def part(cfg: LMConfig, rewards, seeds: Seeds, run_dir: RunDir, data_root, fingerprint: str,

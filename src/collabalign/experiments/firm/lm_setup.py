@@ -3,14 +3,13 @@ evaluator and one federated run per (arm, seed). `lm.py` declares the claims and
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 from pydantic import Field, NonNegativeFloat, PositiveFloat
 
+from collabalign import runs
 from collabalign.config import Distinct, Grid, Strict
 from collabalign.data.partition import dirichlet, iid
 from collabalign.data.safety_prompts import SafetyPrompts
@@ -102,7 +101,7 @@ def fingerprint(cfg: LMConfig, context: dict) -> str:
     plus `context` (the experiment seed and the reward models' config)."""
     unchanged = {"engine"} if cfg.engine == EngineOptions() else set()  # keeps runs cached before it existed valid
     settings = {**cfg.model_dump(mode="json", exclude=SELECTION | unchanged), **context}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return runs.fingerprint(settings)
 
 
 class LMRunner:

@@ -50,20 +50,30 @@ class GlueConfig(Strict):
     tasks: Distinct[str] = []
     backbone: str = "minilm-l6"  # or any Hugging Face encoder name / path, e.g. roberta-base as in the paper
     max_train: PositiveInt = 2000
+    max_test: PositiveInt | None = None  # the first N dev rows (None: the whole dev split)
     max_length: PositiveInt = 64
-    lora_blocks: PositiveInt = 1  # LoRA in the top N blocks; the blocks below run once, as cached features
+    lora_blocks: PositiveInt = 6  # LoRA in the top N blocks (the paper: every block); the blocks below run once
     targets: Grid[str] = ["query", "value"]
-    lr: PositiveFloat = 0.5
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1  # LoRA dropout (the paper's Table A.1)
+    # One grid (lr x lora_alpha) for every arm; each arm's point is chosen per task on a held-out training slice
+    lr_grid: Grid[PositiveFloat] = [0.01, 0.03, 0.1]
+    alpha_grid: Grid[PositiveFloat] = [8.0]
+    select_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2  # of the training examples, held out to choose lr
+    budget_task: str | None = None  # E2 (equal upload budget) on this task too
     device: str = "cpu"
-    # (lr, momentum, lora_alpha) settings run with FSLoRA on the first task and seed before E1: how much LoRA adds
-    sensitivity: Distinct[tuple[PositiveFloat, Momentum, PositiveFloat]] = []
     federation: dict[str, float | int] = {}  # overrides of the federation section for GLUE, e.g. {rounds: 10}
 
+    @model_validator(mode="after")
+    def _budget_task_runs(self) -> GlueConfig:
+        if self.budget_task is not None and self.budget_task not in self.tasks:
+            raise ValueError(f"budget_task {self.budget_task!r} is not one of tasks {self.tasks}")
+        return self
+
     def setup(self, fed: FederationConfig) -> GlueSetup:
-        """The method layer's settings of a GLUE problem under federation `fed`."""
-        return GlueSetup(rank=fed.rank, sgd=fed.local_sgd(self.lr), max_train=self.max_train,
+        """The method layer's settings of a GLUE problem under federation `fed` (lr: set per run by glue.py)."""
+        return GlueSetup(rank=fed.rank, sgd=fed.local_sgd(self.lr_grid[0]), max_train=self.max_train,
                          max_length=self.max_length, lora_blocks=self.lora_blocks, targets=tuple(self.targets),
-                         device=self.device)
+                         max_test=self.max_test, dropout=self.dropout, device=self.device)
 
 
 class CommonsenseConfig(Strict):
@@ -98,9 +108,12 @@ class AblationConfig(Strict):
     run: bool = True
     budget_ranks: Grid[PositiveInt] = [8, 16, 32]
     budget_ratio: Fraction = 0.5
+    many_devices: PositiveInt | None = 50  # E2 again with this many devices (Figs. 8, 9); None: not run
+    many_devices_ranks: Grid[PositiveInt] = [4, 16, 64]
     ratio_grid: Grid[Fraction] = [0.125, 0.25, 0.5, 1.0]
-    rank_grid: Grid[PositiveInt] = [4, 8, 16, 32]
-    fixed_k: PositiveInt = 4
+    rank_grid: Grid[PositiveInt] = [8, 16, 32, 64]  # Fig. 4(b); at most synthetic.dim
+    fixed_k: PositiveInt = 8
+    rank_rounds_scale: bool = True  # E4 runs federation.rounds * r / fixed_k rounds: equal expected updates per column
     top_k: Fraction = 0.5
     top_k_rounds: PositiveInt = 10  # at ratio 1; a run at ratio q gets rounds / q (equal upload)
 
@@ -127,6 +140,11 @@ class Config(Strict):
     ablations: AblationConfig = AblationConfig()
     theory: TheoryConfig = TheoryConfig()
     timing_reps: PositiveInt = 5  # E6: interleaved repetitions of 2 rounds per method
+
+    @model_validator(mode="after")
+    def _glue_federation_valid(self) -> Config:
+        self.glue_federation()  # a bad glue.federation override is named before any work
+        return self
 
     def glue_federation(self) -> FederationConfig:
         """The federation section with `glue.federation`'s overrides, validated (a bad key names glue.federation)."""

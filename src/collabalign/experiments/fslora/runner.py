@@ -3,8 +3,10 @@ name, and a runner that runs one method on one problem and seed and records its 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -16,6 +18,7 @@ from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, ServerAdam, device_ranks, fedlora, fslora, heterolora
 from collabalign.methods.fslora.common import head_of
 from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, teacher_student
+from collabalign.runs import cached_json
 from collabalign.seeding import Seeds
 
 METHODS = ("fedlora", "fslora", "heterolora", "flexlora", "fedstack")
@@ -24,13 +27,27 @@ BASELINES = ("heterolora", "flexlora", "fedstack")  # the heterogeneous-rank met
 
 @dataclass(frozen=True)
 class Arm:
-    """One method at one setting: global rank, the ratios device ranks are drawn from, rounds, top-k upload."""
+    """One method at one setting: global rank, the ratios device ranks are drawn from, rounds, top-k upload; `name`
+    labels its records when it is not the method's own (e.g. "centralised" for FedLoRA on one party)."""
 
     method: str
     rank: int
     ratios: Sequence[float]
     rounds: int
     top_k: float | None = None
+    name: str | None = None
+
+    @property
+    def label(self) -> str:
+        return self.name or self.method
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a part keeps of one run: its metrics per evaluated round and its timing per round."""
+
+    metrics: list[dict]
+    timing: list[dict]
 
 
 def synthetic_problem(cfg: SyntheticConfig, fed: FederationConfig, seed: int, rank: int,
@@ -43,8 +60,9 @@ def synthetic_problem(cfg: SyntheticConfig, fed: FederationConfig, seed: int, ra
 
 
 def devices(train: ClassificationData, fed: FederationConfig, seed: int) -> dict[str, ClassificationData]:
-    """The seed's Dirichlet label split of `train` over the federation's devices."""
-    parts = dirichlet(train.y.numpy(), fed.devices, fed.alpha, Seeds(seed).numpy("partition"), fed.min_size)
+    """The seed's Dirichlet label split of `train` over the federation's devices (scores: of their rounded value)."""
+    labels = np.rint(train.y.numpy()).astype(int) if train.y.is_floating_point() else train.y.numpy()
+    parts = dirichlet(labels, fed.devices, fed.alpha, Seeds(seed).numpy("partition"), fed.min_size)
     return {f"device{i:02d}": train[torch.as_tensor(p)] for i, p in enumerate(parts)}
 
 
@@ -66,30 +84,48 @@ def algorithm(arm: Arm, problem: TorchLoRAProblem, ranks: dict[str, int], fed: F
 
 
 def headline(metrics: dict) -> float:
-    """A metrics record's headline in points: Matthews correlation for CoLA, else accuracy."""
-    return 100 * metrics.get("matthews", metrics["accuracy"])
+    """A metrics record's headline in points: accuracy, as the paper reports for every task (STS-B: Pearson)."""
+    return 100 * metrics.get("pearson", metrics.get("accuracy"))
 
 
-def score(result: SimulationResult) -> float:
+def score(result: SimulationResult | RunSummary) -> float:
     """The final round's headline metric in points."""
     return headline(result.metrics[-1])
 
 
 class Runner:
     """Runs one method on one problem and seed under federation `fed`, appending its per-round records (with the
-    cumulative upload per device) to `records`, which runners of one part may share."""
+    cumulative upload per device) to `records`, which runners of one part may share. With a `cache` folder each run
+    is saved there under `key` (every setting that changes its numbers) and read back when it finished before."""
 
-    def __init__(self, fed: FederationConfig, progress: bool, records: list[dict] | None = None):
-        self.fed, self.progress = fed, progress
+    def __init__(self, fed: FederationConfig, progress: bool, records: list[dict] | None = None,
+                 cache: Path | None = None, key: str = ""):
+        self.fed, self.progress, self.cache, self.key = fed, progress, cache, key
         self.records: list[dict] = [] if records is None else records
+
+    def variant(self, **federation) -> Runner:
+        """A runner under the federation with these settings changed, sharing this one's records and cache."""
+        return Runner(self.fed.model_copy(update=federation), self.progress, self.records, self.cache, self.key)
 
     def arm(self, method: str) -> Arm:
         """The method at the federation's own rank, ratios and rounds."""
         return Arm(method, self.fed.rank, self.fed.ratios, self.fed.rounds)
 
-    def run(self, tag: dict, problem: TorchLoRAProblem, clients: dict, arm: Arm, seed: int) -> SimulationResult:
+    def run(self, tag: dict, problem: TorchLoRAProblem, clients: dict, arm: Arm, seed: int) -> RunSummary:
+        def compute() -> dict:
+            return self._simulate(tag, problem, clients, arm, seed)
+
+        if self.cache is None:
+            out = compute()
+        else:
+            name = "__".join(f"{v}" for v in (*tag.values(), arm.label, arm.rank, arm.rounds, f"seed{seed}"))
+            out = cached_json(self.cache / f"{re.sub(r'[^A-Za-z0-9.=-]+', '_', name)}.json", self.key, compute)
+        self.records.extend(out["records"])
+        return RunSummary(out["metrics"], out["timing"])
+
+    def _simulate(self, tag: dict, problem: TorchLoRAProblem, clients: dict, arm: Arm, seed: int) -> dict:
         ranks = device_ranks(Seeds(seed), list(clients), arm.rank, arm.ratios)
-        label = " ".join(f"{v}" for v in tag.values()) + f" {arm.method} seed {seed}"
+        label = " ".join(f"{v}" for v in tag.values()) + f" {arm.label} seed {seed}"
         method = algorithm(arm, problem, ranks, self.fed)
         result = simulate(method, clients, arm.rounds, seed, eval_every=self.fed.eval_every, options=self.fed.engine,
                           progress=self.progress, label=label)
@@ -100,8 +136,8 @@ class Runner:
             problem.w0[n])) for n, d in delta.items()]))  # mean over adapted layers of ||Delta W|| / ||W0||
         uploaded = result.ledger.per_round()
         cumulative = np.cumsum([uploaded[t]["up"] for t in sorted(uploaded)]) / len(clients) / 1e6
+        records = []
         for rec in result.metrics:
             mb = float(cumulative[rec["round"] - 1]) if rec["round"] else 0.0
-            self.records.append({**tag, "method": arm.method, "seed": seed, "upload_mb_per_device": round(mb, 6),
-                                 **rec})
-        return result
+            records.append({**tag, "method": arm.label, "seed": seed, "upload_mb_per_device": round(mb, 6), **rec})
+        return {"records": records, "metrics": result.metrics, "timing": result.timing}

@@ -7,11 +7,10 @@ from collections import defaultdict
 
 import numpy as np
 
-from collabalign.experiments.fslora.runner import METHODS, score
-from collabalign.federation import SimulationResult
+from collabalign.experiments.fslora.runner import METHODS, RunSummary, score
 
 # Table 5.1 (RoBERTa-base, r = 64, 200 rounds x 50 steps), by score key
-_TABLE_5_1_COLUMNS = ("QNLI", "MRPC", "CoLA (accuracy)", "MNLI", "RTE", "SST-2", "QQP")
+_TABLE_5_1_COLUMNS = ("QNLI", "MRPC", "CoLA", "MNLI", "RTE", "SST-2", "QQP")  # accuracy, CoLA too
 PAPER_TABLE = {m: dict(zip(_TABLE_5_1_COLUMNS, row, strict=True)) for m, row in {
     "heterolora": (87.5, 84.4, 75.3, 66.3, 69.0, 89.5, 85.3),
     "flexlora": (88.5, 81.2, 77.5, 63.0, 62.2, 92.8, 87.4),
@@ -38,12 +37,12 @@ class E1Scores:
         self.gains: dict[tuple[str, str], list[float]] = defaultdict(list)
         self.timing: dict[str, list[tuple[float, float]]] = defaultdict(list)
 
-    def record(self, problem: str, method: str, result: SimulationResult, timed: bool = True) -> None:
+    def record(self, problem: str, method: str, result: RunSummary, timed: bool = False) -> None:
         final = result.metrics[-1]
         self.scores[problem, method].append(score(result))
         self.gains[problem, method].append(score(result) - final["score_without_lora"])
-        if "matthews" in final:  # the paper reports plain accuracy for CoLA too
-            self.scores[f"{problem} (accuracy)", method].append(100 * final["accuracy"])
+        if "matthews" in final:  # CoLA's GLUE metric, beside the accuracy the paper reports
+            self.scores[f"{problem} (MCC)", method].append(100 * final["matthews"])
         for key in final:
             if key.startswith("accuracy/"):  # per-task accuracy of a multi-task problem (commonsense)
                 self.scores[f"{problem}/{key[len('accuracy/'):]}", method].append(100 * final[key])
@@ -56,12 +55,17 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     return float(np.mean(values)), float(np.std(values, ddof=1)) if len(values) > 1 else 0.0
 
 
-def score_table(scores: dict, rows: list[tuple[str, str]], paper: dict, caption: str) -> str:
-    """Markdown table of (label, score key) rows: mean ± std over seeds per method, the paper's number beside."""
-    lines = [caption, "", "| problem | " + " | ".join(METHODS) + " |", "|---|" + "---|" * len(METHODS)]
+def score_table(scores: dict, rows: list[tuple[str, str]], paper: dict, caption: str,
+                columns: tuple[str, ...] = METHODS) -> str:
+    """Markdown table of (label, score key) rows: mean ± std over seeds per column (method or reference arm), the
+    paper's number beside; a dash where the arm did not run on the row's problem."""
+    lines = [caption, "", "| problem | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
     for label, key in rows:
         cells = []
-        for m in METHODS:
+        for m in columns:
+            if not scores.get((key, m)):
+                cells.append("–")
+                continue
             mu, sd = mean_std(scores[key, m])
             number = paper.get(m, {}).get(key)
             cells.append(f"{mu:.1f} ± {sd:.1f}" + (f" (paper {number})" if number is not None else ""))

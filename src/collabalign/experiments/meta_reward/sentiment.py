@@ -7,7 +7,6 @@ held-out domains the cells of "in every domain" claims."""
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import numpy as np
 from collabalign import claims
 from collabalign.experiments.meta_reward import plots
 from collabalign.experiments.meta_reward.sentiment_setup import BETA_METHODS, Cell, SentimentConfig, build, fingerprint
-from collabalign.runs import Part, RunDir, atomic_write_text
+from collabalign.runs import Part, RunDir, cached_json
 from collabalign.seeding import Seeds
 
 CHANCE = 0.5
@@ -64,18 +63,13 @@ def not_run_part(reason: str) -> Part:
 def cached_cell(setup, held_out: str, replicate: int, seeds: Seeds, folder: Path, progress: bool) -> dict:
     """One (held-out domain, seed) cell, read from `folder` when it finished there with the same settings."""
     seed = seeds.entropy("meta_reward/replicate", replicate) % 2**31
-    key = fingerprint(setup.cfg, seed)
-    path = folder / f"{held_out}-seed{replicate}.json"
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if saved.get("fingerprint") == key:
-            return saved
-    start = time.perf_counter()
-    out = Cell(setup, held_out, seed, progress).run()
-    out |= {"fingerprint": key, "seconds": time.perf_counter() - start, "replicate": replicate}
-    folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, json.dumps(out))
-    return out
+
+    def compute() -> dict:
+        start = time.perf_counter()
+        out = Cell(setup, held_out, seed, progress).run()
+        return out | {"seconds": time.perf_counter() - start, "replicate": replicate}
+
+    return cached_json(folder / f"{held_out}-seed{replicate}.json", fingerprint(setup.cfg, seed), compute)
 
 
 def policy_key(cell: dict, method: str, protocol: str, beta: float) -> str:

@@ -5,8 +5,6 @@ main run continues where it stopped. `sentiment.py` declares the claims and deci
 
 from __future__ import annotations
 
-import hashlib
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -15,6 +13,7 @@ import numpy as np
 import torch
 from pydantic import Field, model_validator
 
+from collabalign import runs
 from collabalign.config import Grid, Strict
 from collabalign.data.amazon_reviews import AMAZON_DIR, DOMAINS, load_domain, load_task, split_pairs
 from collabalign.methods.meta_reward import baselines
@@ -108,7 +107,7 @@ class SentimentConfig(Strict):
 def fingerprint(cfg: SentimentConfig, seed: int) -> str:
     """A hash of every setting that changes a cell's numbers (not which cells run)."""
     settings = {**cfg.model_dump(mode="json", exclude={"run", "held_out", "seeds", "data_dir", "device"}), "seed": seed}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
+    return runs.fingerprint(settings)
 
 
 @dataclass
@@ -141,7 +140,7 @@ def build(cfg: SentimentConfig, root: Path, seed: int, cache_dir: Path, progress
                     objectives=1, generator=Seeds(seed).torch("meta_reward/lora")).to(cfg.device)
     encoder = SentenceEncoder(load_backbone(cfg.encoder))
     check_readable(encoder.backbone.tokenizer, [r for _, r in texts[:64]], cfg.encoder)
-    key = hashlib.sha256(json.dumps([cfg.model, texts]).encode()).hexdigest()[:16]
+    key = runs.fingerprint([cfg.model, texts])
     path = cache_dir / f"trunk-{key}.safetensors"
     if path.exists():
         cache = HeadCache(**load_file(path))

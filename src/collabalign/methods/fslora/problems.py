@@ -4,14 +4,18 @@
 - `local_train(factors, head, scale, base, data, rng)`: the `LocalSGD` steps (plain, or with momentum whose state
   starts fresh every round, as the authors' GLUE code) on rank-k blocks
   {layer: (B (m, k), A (k, n))} with y = (W0 + base) x + scale * B A x; returns the trained blocks and head.
+  LoRA dropout (if the layers have it) is the only dropout on, with masks drawn from `rng`.
 - `evaluate(delta, head)`: metrics of W0 + delta (dense, per layer) and the head on the held-out set.
+
+Classification (integer labels) trains with cross-entropy; regression (float labels, one output: STS-B) with MSE.
 """
 
 from __future__ import annotations
 
 import copy
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -20,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from collabalign.data.glue import glue_metric
+from collabalign.data.glue import glue_metric, pearson_corr
 from collabalign.data.hub import load_glue_any
 from collabalign.lora.inject import lora_layers
 from collabalign.models.backbones import Backbone
@@ -34,17 +38,19 @@ Factors = dict[str, tuple[np.ndarray, np.ndarray]]  # layer -> (B (m, k), A (k, 
 
 @dataclass(frozen=True)
 class LocalSGD:
-    """A device's training in one round: `steps` minibatch SGD steps (momentum state fresh every round)."""
+    """A device's training in one round: `steps` minibatch SGD steps (momentum state fresh every round); with
+    `lora` False only the head trains (LoRA off, the factors come back unchanged: the frozen-backbone baseline)."""
 
     steps: int
     lr: float
     batch_size: int = 16
     momentum: float = 0.0
+    lora: bool = True
 
 
 @dataclass
 class ClassificationData:
-    """Inputs (any tensor the model takes, first dim = samples) and integer labels."""
+    """Inputs (any tensor the model takes, first dim = samples) and labels: integer classes, or float targets."""
 
     x: Tensor
     y: Tensor
@@ -57,19 +63,24 @@ class ClassificationData:
 
 
 class TorchLoRAProblem:
-    """A classifier `model` (LoRA layers + head parameters named `head_names`) trained with cross-entropy."""
+    """A classifier `model` (LoRA layers + head parameters named `head_names`) trained with cross-entropy, or a
+    regressor (float `test.y`) whose first output is trained with MSE. The model stays in eval mode: only the LoRA
+    layers' dropout is switched on, during `local_train`."""
 
     def __init__(self, model: nn.Module, head_names: list[str], test: ClassificationData, sgd: LocalSGD,
                  metric: tuple[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
                  eval_batch_size: int = 512, device: str = "cpu"):
         self.device = torch.device(device)
-        self.model = model.to(self.device)
+        self.model = model.to(self.device).eval()
+        self.regression = test.y.is_floating_point()
         self.test, self.sgd = test, sgd
         self.layers = lora_layers(model)
         self.w0 = {name: layer.base.weight.detach().clone() for name, layer in self.layers.items()}
         params = dict(model.named_parameters())
         self.head = {name: params[name].requires_grad_(True) for name in head_names}
-        self.metric = metric  # (name, fn(preds, labels)) reported beside accuracy, e.g. Matthews corr. for CoLA
+        if metric is None and self.regression:
+            metric = ("pearson", pearson_corr)
+        self.metric = metric  # (name, fn(preds, labels)) reported beside accuracy/loss, e.g. Matthews corr. for CoLA
         self.eval_batch_size = eval_batch_size
 
     @property
@@ -109,34 +120,78 @@ class TorchLoRAProblem:
     def _tensor(self, array: np.ndarray) -> Tensor:
         return torch.from_numpy(array).to(self.device)
 
+    def _criterion(self, logits: Tensor, y: Tensor) -> Tensor:
+        """MSE of the first output for regression, else cross-entropy."""
+        return F.mse_loss(logits[:, 0], y) if self.regression else F.cross_entropy(logits, y)
+
     def loss(self, batch: ClassificationData) -> Tensor:
-        return F.cross_entropy(self.model(batch.x.to(self.device)), batch.y.to(self.device))
+        return self._criterion(self.model(batch.x.to(self.device)), batch.y.to(self.device))
 
     def local_train(self, factors: Factors, head: Params, scale: float | dict[str, float],
                     base: dict[str, np.ndarray] | None, data: ClassificationData,
                     rng: torch.Generator) -> tuple[Factors, Params]:
-        """`sgd.steps` SGD steps on minibatches drawn with replacement; only the blocks and the head move."""
-        self._load(factors, head, scale, base)
-        params = [p for layer in self.layers.values() for p in (layer.B, layer.A)] + list(self.head.values())
-        optimizer = torch.optim.SGD(params, lr=self.sgd.lr, momentum=self.sgd.momentum)
-        for _ in range(self.sgd.steps):
-            rows = torch.randint(len(data), (min(self.sgd.batch_size, len(data)),), generator=rng)
-            loss = self.loss(data[rows])
-            optimizer.zero_grad()
-            loss.backward()
-            optimizer.step()
-        trained = {n: (_array(lay.B), _array(lay.A)) for n, lay in self.layers.items()}
+        """`sgd.steps` SGD steps on minibatches drawn with replacement; only the blocks and the head move (only the
+        head without `sgd.lora`). With LoRA dropout, one seed drawn from `rng` first fixes the masks."""
+        lora = self.sgd.lora
+        self._load(factors if lora else None, head, scale, base)
+        params = [p for layer in self.layers.values() for p in (layer.B, layer.A)] if lora else []
+        optimizer = torch.optim.SGD(params + list(self.head.values()), lr=self.sgd.lr, momentum=self.sgd.momentum)
+        dropout = lora and any(isinstance(layer.dropout, nn.Dropout) for layer in self.layers.values())
+        seed = int(torch.randint(2**62, (1,), generator=rng)) if dropout else None  # no draw: runs without it as before
+        with self._training(lora), self._seeded(seed):
+            for _ in range(self.sgd.steps):
+                rows = torch.randint(len(data), (min(self.sgd.batch_size, len(data)),), generator=rng)
+                loss = self.loss(data[rows])
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+        if lora:
+            trained = {n: (_array(lay.B), _array(lay.A)) for n, lay in self.layers.items()}
+        else:
+            trained = {n: (B.copy(), A.copy()) for n, (B, A) in factors.items()}
         return trained, {n: _array(p) for n, p in self.head.items()}
+
+    @contextmanager
+    def _training(self, lora: bool) -> Iterator[None]:
+        """LoRA dropout in train mode and, without `lora`, the LoRA factors frozen; both restored on exit."""
+        grads = [(p, p.requires_grad) for layer in self.layers.values() for p in (layer.B, layer.A)]
+        for layer in self.layers.values():
+            layer.dropout.train()
+        if not lora:
+            for p, _ in grads:
+                p.requires_grad_(False)
+        try:
+            yield
+        finally:
+            for layer in self.layers.values():
+                layer.dropout.eval()
+            for p, requires_grad in grads:
+                p.requires_grad_(requires_grad)
+
+    @contextmanager
+    def _seeded(self, seed: int | None) -> Iterator[None]:
+        """The model device's global RNG seeded with `seed` inside the block and restored after it (None: as is)."""
+        if seed is None:
+            yield
+            return
+        cuda = self.device.type == "cuda"
+        with torch.random.fork_rng(devices=[self.device] if cuda else [], device_type="cuda"):
+            torch.default_generator.manual_seed(seed)
+            if cuda:
+                with torch.cuda.device(self.device):
+                    torch.cuda.manual_seed(seed)
+            yield
 
     @torch.no_grad()
     def evaluate(self, delta: dict[str, np.ndarray], head: Params) -> dict[str, float]:
-        """Metric and loss of the model W0 + delta (LoRA off) on the held-out set."""
+        """Metric and loss of the model W0 + delta (LoRA off) on the held-out set: accuracy, cross-entropy and
+        `metric` for classification; `metric` (Pearson correlation by default) and MSE for regression."""
         self._load(None, head, 1.0, delta)
         logits = torch.cat([self.model(self.test.x[s:s + self.eval_batch_size].to(self.device)).cpu()
                             for s in range(0, len(self.test), self.eval_batch_size)])
-        preds = logits.argmax(-1)
-        out = {"accuracy": float((preds == self.test.y).double().mean()),
-               "loss": float(F.cross_entropy(logits, self.test.y))}
+        preds = logits[:, 0] if self.regression else logits.argmax(-1)
+        out = {} if self.regression else {"accuracy": float((preds == self.test.y).double().mean())}
+        out["loss"] = float(self._criterion(logits, self.test.y))
         if self.metric is not None:
             out[self.metric[0]] = self.metric[1](preds.numpy(), self.test.y.numpy())
         return out
@@ -186,7 +241,8 @@ def teacher_student(seeds: Seeds, n_train: int, n_test: int, dim: int = 64, clas
 @dataclass(frozen=True)
 class GlueSetup:
     """A GLUE task as a LoRA problem: LoRA of global rank `rank` on `targets` of the top `lora_blocks` blocks,
-    `max_train` training examples, the first `max_test` dev rows (all when None), texts cut at `max_length` tokens."""
+    `max_train` training examples, `max_test` dev rows (a seeded subset; all when None), texts cut at `max_length`
+    tokens, LoRA dropout `dropout` (the backbone's own dropout stays off)."""
 
     rank: int
     sgd: LocalSGD
@@ -196,25 +252,26 @@ class GlueSetup:
     targets: Sequence[str] = ("query", "value")
     max_test: int | None = None
     device: str = "cpu"
+    dropout: float = 0.0
 
 
 def glue_problem(task: str, root: Path | None, backbone: Backbone, setup: GlueSetup,
                  seeds: Seeds) -> tuple[TorchLoRAProblem, ClassificationData]:
     """A GLUE task (root/<task>/ tsv files, else the hub: load_glue_any) as a LoRA problem with one output per
-    class: `max_train` training examples (a seeded subset of the train split when it is larger), the dev split
-    (its first `max_test` rows, if given) as the test set, LoRA on a copy of the backbone, a fresh linear head on
-    mean-pooled states; returns (problem, training data)."""
+    class (one score, trained as a regression, for STS-B): `max_train` training examples (a seeded subset of the
+    train split when it is larger), the dev split (`max_test` of its rows, seeded, if given) as the test set, LoRA on
+    an eval-mode copy of the backbone, a fresh linear head on mean-pooled states; returns (problem, training data)."""
     train_set, dev_set = load_glue_any(task, "train", root), load_glue_any(task, "dev", root)
-    max_test = setup.max_test
-    if max_test is not None:
-        dev_set = replace(dev_set, text_a=dev_set.text_a[:max_test], labels=dev_set.labels[:max_test],
-                          text_b=None if dev_set.text_b is None else dev_set.text_b[:max_test])
+    if setup.max_test is not None and setup.max_test < len(dev_set.labels):  # a seeded subset: dev files are sorted
+        rows = np.sort(seeds.numpy("glue-dev-subset", task).permutation(len(dev_set.labels))[:setup.max_test])
+        dev_set = replace(dev_set, text_a=[dev_set.text_a[i] for i in rows], labels=dev_set.labels[rows],
+                          text_b=None if dev_set.text_b is None else [dev_set.text_b[i] for i in rows])
     keep = np.sort(seeds.numpy("glue-subset", task).permutation(len(train_set))[:setup.max_train])
     pick = (lambda xs, rows: [xs[i] for i in rows])
     text_a = pick(train_set.text_a, keep) + dev_set.text_a
     text_b = pick(train_set.text_b, keep) + dev_set.text_b if train_set.text_b is not None else None
-    pooled = PooledModel(copy.deepcopy(backbone.model), backbone.causal, train_set.num_labels)  # caller's stays
-    split = lora_top_blocks(pooled, setup.lora_blocks, setup.targets, setup.rank)
+    pooled = PooledModel(copy.deepcopy(backbone.model).eval(), backbone.causal, train_set.num_labels)  # caller's stays
+    split = lora_top_blocks(pooled, setup.lora_blocks, setup.targets, setup.rank, dropout=setup.dropout)
     cache = cache_texts(pooled, backbone.tokenizer, text_a, setup.max_length, split, text_b, truncation_side="right")
     model = CachedModel(pooled.to(setup.device), cache)
     labels = torch.from_numpy(np.concatenate([train_set.labels[keep], dev_set.labels]))

@@ -1,0 +1,237 @@
+"""E1 on GLUE (Table 5.1) on a small encoder with LoRA on query/value of every block (dropout 0.1, as the paper).
+
+Per task, each arm's learning rate and LoRA alpha are chosen from one grid on a held-out slice of the task's
+training examples (the dev split it is scored on is never looked at), on the first seed. Then every arm runs over the
+seeds and is scored on the dev split: the five federated methods, centralised LoRA (one party holding every training
+example, with the federation's total steps per round) and the frozen backbone with a trained head; chance is the
+majority class of the training examples (STS-B: Pearson 0). A task is learned when centralised LoRA is above chance
+and above the frozen head; the methods are ranked only on learned tasks. E2 runs on one GLUE task when configured.
+Every run is cached in the run folder, so a long main run that stops continues where it stopped."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from collabalign.claims import superiority
+from collabalign.data import shared_data_dir
+from collabalign.experiments.fslora.config import Config
+from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices, score
+from collabalign.experiments.fslora.scores import E1Scores
+from collabalign.federation.engine import RoundFailed
+from collabalign.methods.fslora.problems import ClassificationData, LocalSGD, TorchLoRAProblem, glue_problem
+from collabalign.models.backbones import load_backbone
+from collabalign.runs import fingerprint
+from collabalign.seeding import Seeds
+
+REFERENCES = ("centralised", "frozen")  # the upper reference and the floor every method is read against
+ARMS = (*METHODS, *REFERENCES)
+LEARNED = superiority(
+    "Every GLUE task is learned: centralised LoRA scores above chance and above the frozen backbone with a trained "
+    "head",
+    "Per task, centralised LoRA's dev score above the majority-class score and above the frozen head's, paired by "
+    "seed, Holm over every (task, floor) cell; smallest effect 0. Only tasks whose two cells are confirmed enter the "
+    "ranking of the methods")
+GLUE_EQUAL_BUDGET = superiority(
+    "Under an equal upload budget, sketching beats no sketching on a GLUE task",
+    "E2 on glue.budget_task: FSLoRA with every device at ratio ablations.budget_ratio for T / ratio rounds above "
+    "FedLoRA (ratio 1, T rounds), global rank federation.rank, paired by seed; smallest effect 0 (the paper: better "
+    "at every rank, Fig. 3)")
+
+
+@dataclass
+class GlueTask:
+    """A GLUE task's problem and its rows: `fit` (what the arms train on), `select` (the held-out slice of the
+    training examples the learning rate is chosen on) and `dev` (what the arms are scored on)."""
+
+    name: str
+    problem: TorchLoRAProblem
+    fit: ClassificationData
+    select: ClassificationData
+    dev: ClassificationData
+
+    @property
+    def chance(self) -> float:
+        """The dev score of always answering the training examples' majority class (STS-B: Pearson 0), in points."""
+        if self.fit.y.is_floating_point():
+            return 0.0
+        majority = torch.bincount(self.fit.y).argmax()
+        return 100 * float((self.dev.y == majority).double().mean())
+
+
+def load_task(cfg: Config, task: str, backbone, runner: Runner) -> GlueTask:
+    """The task's problem; `select_fraction` of its training examples (seeded) held out for the grid choice."""
+    shared = shared_data_dir()
+    root = None if shared is None else shared / "glue"  # tasks without a folder there come from the hub
+    problem, train = glue_problem(task, root, backbone, cfg.glue.setup(runner.fed), Seeds(0))
+    order = Seeds(0).numpy("glue-select", task).permutation(len(train))
+    n_select = max(1, round(cfg.glue.select_fraction * len(train)))
+    select, fit = (train[torch.as_tensor(np.sort(rows))] for rows in (order[:n_select], order[n_select:]))
+    return GlueTask(task, problem, fit, select, problem.test)
+
+
+@dataclass(frozen=True, order=True)
+class Point:
+    """A point of the GLUE grid: local step size and LoRA alpha (scale alpha / sqrt(r))."""
+
+    lr: float
+    alpha: float
+
+    def __str__(self) -> str:
+        return f"lr {self.lr:g}, alpha {self.alpha:g}"
+
+
+def grid(cfg: Config) -> list[Point]:
+    return [Point(lr, alpha) for alpha in cfg.glue.alpha_grid for lr in cfg.glue.lr_grid]
+
+
+def arm_run(runner: Runner, task: GlueTask, arm: str, seed: int, point: Point, on: str, rounds: int | None = None,
+            ratio: float | None = None):
+    """One arm at a grid point, scored on the task's `on` rows ("select" or "dev"). Federated methods split the
+    training rows over the devices; the references train one party on all of them, with the federation's total
+    steps per round (frozen: the head only). `rounds`/`ratio` override the federation's (E2's sketched arm)."""
+    runner = runner.variant(lora_alpha=point.alpha)
+    fed, problem = runner.fed, task.problem
+    problem.test = task.select if on == "select" else task.dev
+    if arm in METHODS:
+        problem.sgd = fed.local_sgd(point.lr)
+        clients = devices(task.fit, fed, seed)
+        spec = Arm(arm, fed.rank, fed.ratios if ratio is None else [ratio], rounds or fed.rounds)
+    else:
+        problem.sgd = LocalSGD(fed.steps * fed.devices, point.lr, fed.batch_size, fed.momentum,
+                               lora=arm == "centralised")
+        clients = {"everyone": task.fit}
+        spec = Arm("fedlora", fed.rank, [1.0], fed.rounds, name=arm)
+    tag = {"experiment": "E1" if ratio is None else "E2", "problem": task.name, "lr": point.lr,
+           "lora_alpha": point.alpha, "scored_on": on}
+    if ratio is not None:
+        tag["variant"] = f"ratio={ratio} rounds={spec.rounds}"
+    return runner.run(tag, problem, clients, spec, seed)
+
+
+def choose(cfg: Config, runner: Runner, task: GlueTask) -> dict[str, dict[Point, float]]:
+    """Every arm at every grid point on the first seed, scored on the selection slice: arm -> {point: score}; a run
+    that diverges (its round fails: every reply non-finite) scores NaN. A one-point grid needs no runs."""
+    points = grid(cfg)
+    if len(points) == 1:
+        return {arm: {points[0]: float("nan")} for arm in ARMS}
+    out: dict[str, dict[Point, float]] = {}
+    for arm in ARMS:
+        out[arm] = {}
+        for point in points:
+            try:
+                out[arm][point] = score(arm_run(runner, task, arm, cfg.seeds[0], point, "select"))
+            except RoundFailed:
+                out[arm][point] = float("nan")
+    return out
+
+
+def best(scores: dict[Point, float]) -> Point:
+    """The point with the highest selection score (on a tie the smaller lr, then alpha; NaN scores last)."""
+    return min(scores, key=lambda p: (np.isnan(scores[p]), -np.nan_to_num(scores[p], nan=0.0), p))
+
+
+def glue_e1(cfg: Config, e1: E1Scores, runner: Runner, notes: list[str]) -> dict:
+    """Chooses each arm's grid point and runs every arm and seed on each GLUE task (and E2 on glue.budget_task);
+    returns the learned claim's record, the E2 claim's (None without a budget task) and the GLUE part's metrics."""
+    backbone = load_backbone(cfg.glue.backbone)
+    choices, chance, plateau, e2 = {}, {}, {}, None
+    for name in cfg.glue.tasks:
+        task = load_task(cfg, name, backbone, runner)
+        scores = choose(cfg, runner, task)
+        chosen = {arm: best(by_point) for arm, by_point in scores.items()}
+        choices[name] = {arm: {"lr": chosen[arm].lr, "lora_alpha": chosen[arm].alpha,
+                               "selection_scores": {str(p): None if np.isnan(v) else round(v, 2)
+                                                    for p, v in scores[arm].items()}} for arm in ARMS}
+        chance[name] = task.chance
+        e1.scores[name, "chance"] = [task.chance] * len(cfg.seeds)  # a constant: the table's floor column
+        for seed in cfg.seeds:
+            for arm in ARMS:
+                e1.record(name, arm, arm_run(runner, task, arm, seed, chosen[arm], "dev"))
+        plateau[name] = last_quarter_gain(runner.records, name)
+        if name == cfg.glue.budget_task:
+            e2 = equal_budget(cfg, runner, task, e1, chosen["fslora"])
+    notes.append(selection_table(cfg, choices, chance, plateau))
+    learned = decide_learned(e1, chance)
+    metrics = {"glue_grid": [str(p) for p in grid(cfg)], "glue_choice": choices, "glue_chance": chance,
+               "glue_centralised_last_quarter_gain": plateau}
+    return {"learned": learned, "e2": e2, "metrics": metrics}
+
+
+def equal_budget(cfg: Config, runner: Runner, task: GlueTask, e1: E1Scores, point: Point) -> dict:
+    """E2 on the task: FedLoRA's E1 runs (ratio 1, T rounds) against FSLoRA at the budget ratio for T / ratio, at
+    FSLoRA's chosen grid point."""
+    ratio, fed = cfg.ablations.budget_ratio, runner.fed
+    sketched = np.array([score(arm_run(runner, task, "fslora", seed, point, "dev", round(fed.rounds / ratio), ratio))
+                         for seed in cfg.seeds])
+    unsketched = np.array(e1.scores[task.name, "fedlora"])
+    return GLUE_EQUAL_BUDGET.decide(sketched, unsketched, task=task.name, budget_ratio=ratio, rank=fed.rank,
+                                    sketched_rounds=round(fed.rounds / ratio), unsketched_rounds=fed.rounds,
+                                    point=str(point), mean_points={"sketched": float(sketched.mean()),
+                                                                   "unsketched": float(unsketched.mean())})
+
+
+def decide_learned(e1: E1Scores, chance: dict[str, float]) -> dict:
+    cells = {}
+    for task, floor in chance.items():
+        central = np.array(e1.scores[task, "centralised"])
+        cells[f"{task} > chance"] = (central, np.full_like(central, floor))
+        cells[f"{task} > frozen"] = (central, np.array(e1.scores[task, "frozen"]))
+    means = {t: {a: float(np.mean(e1.scores[t, a])) for a in REFERENCES} | {"chance": c} for t, c in chance.items()}
+    return LEARNED.decide_cells(cells, mean_points=means)
+
+
+def learned_tasks(record: dict, tasks: list[str]) -> list[str]:
+    """The tasks whose two learned cells the claim confirmed."""
+    cells = record.get("cells", {})
+    return [t for t in tasks if all(cells.get(f"{t} > {floor}", {}).get("confirmed") for floor in ("chance",
+                                                                                                    "frozen"))]
+
+
+def last_quarter_gain(records: list[dict], task: str) -> float:
+    """How much centralised LoRA's dev score rose over the last quarter of rounds (mean over seeds, points): near
+    zero when the budget lets the upper reference converge."""
+    runs: dict[int, list[tuple[int, float]]] = {}
+    for r in records:
+        if (r.get("problem"), r.get("method"), r.get("scored_on"), r.get("experiment")) == (task, "centralised",
+                                                                                              "dev", "E1"):
+            runs.setdefault(r["seed"], []).append((r["round"], 100 * r.get("pearson", r.get("accuracy", 0.0))))
+    gains = []
+    for curve in runs.values():
+        curve.sort()
+        last = curve[-1][0]
+        before = max((c for c in curve if c[0] <= 0.75 * last), default=curve[0])
+        gains.append(curve[-1][1] - before[1])
+    return round(float(np.mean(gains)), 2) if gains else float("nan")
+
+
+def selection_table(cfg: Config, choices: dict, chance: dict, plateau: dict) -> str:
+    """Markdown: per task and arm, the selection-slice score at each grid point and the point chosen."""
+    points = grid(cfg)
+    lines = [f"GLUE hyperparameters, chosen per task and arm from one grid (lr x LoRA alpha) on a held-out "
+             f"{cfg.glue.select_fraction:.0%} slice of the task's training examples (seed {cfg.seeds[0]}; the dev "
+             "split is never used to choose), scores in points on that slice. A gain near 0 over the last quarter "
+             "of rounds means the budget lets centralised LoRA converge:", "",
+             "| task | arm | " + " | ".join(str(p) for p in points) + " | chosen |",
+             "|---|---|" + "---|" * (len(points) + 1)]
+    for task, arms in choices.items():
+        for arm, choice in arms.items():
+            cells = " | ".join("–" if v is None else f"{v:.1f}" for v in choice["selection_scores"].values())
+            lines.append(f"| {task} | {arm} | {cells} | {Point(choice['lr'], choice['lora_alpha'])} |")
+    lines += ["", "Chance on dev: " + ", ".join(f"{t} {c:.1f}" for t, c in chance.items()) + ". Centralised LoRA's dev "
+              "gain over the last quarter of rounds: " + ", ".join(f"{t} {g:+.2f}" for t, g in plateau.items()) + "."]
+    return "\n".join(lines)
+
+
+def cache_folder(run_path: Path) -> Path:
+    return run_path / "fslora_glue_runs"
+
+
+def glue_fingerprint(cfg: Config) -> str:
+    """Every setting that changes a GLUE run's numbers (not which tasks or seeds run)."""
+    return fingerprint({"glue": cfg.glue.model_dump(mode="json", exclude={"tasks", "budget_task"}),
+                        "federation": cfg.glue_federation().model_dump(mode="json"),
+                        "budget_ratio": cfg.ablations.budget_ratio})

@@ -1,0 +1,114 @@
+"""FSLoRA's GLUE part at toy size on real MiniLM and the shared GLUE files: lr chosen on a held-out slice of the
+training examples from one grid, the references (chance, frozen head, centralised LoRA), the learned claim gating
+the ranking, E2 on a GLUE task, STS-B, and runs cached in the run folder."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from collabalign.claims import VERDICTS
+from collabalign.cli import config_path, load_config, main
+from collabalign.data import shared_data_dir
+from collabalign.experiments.fslora import glue
+from collabalign.experiments.fslora.runner import Runner
+from collabalign.models.backbones import minilm_l6
+
+from .test_fslora import TOY
+
+pytestmark = pytest.mark.real
+
+GLUE_TOY = [*TOY[:-1], "ablations.run=false", "theory.run=false", "seeds=[0, 1, 2]", "federation.devices=3",
+            "federation.min_size=2", "glue.tasks=[SST-2, STS-B]", "glue.budget_task=SST-2", "glue.max_train=40",
+            "glue.max_test=40", "glue.lora_blocks=1", "glue.max_length=32", "glue.lr_grid=[0.01, 0.1]",
+            "glue.alpha_grid=[1.0, 8.0]", "glue.federation={rounds: 2, eval_every: 1}", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def glue_run(tmp_path_factory):
+    if shared_data_dir() is None:
+        pytest.skip("../shared/data not found")
+    out = tmp_path_factory.mktemp("fslora-glue")
+    assert main(["run", str(config_path("fslora", quick=True)), *GLUE_TOY, "--out", str(out)]) == 0
+    return out
+
+
+def read(out):
+    summary = json.loads((out / "summary.json").read_text())
+    records = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    return summary, records
+
+
+def test_each_arms_grid_point_is_chosen_per_task_on_the_selection_slice(glue_run):
+    summary, records = read(glue_run)
+    choice = summary["metrics"]["glue_choice"]
+    points = [glue.Point(lr, alpha) for alpha in (1.0, 8.0) for lr in (0.01, 0.1)]
+    assert summary["metrics"]["glue_grid"] == [str(p) for p in points]
+    for task in ("SST-2", "STS-B"):
+        assert set(choice[task]) == set(glue.ARMS)
+        for arm in choice[task].values():
+            scores = {p: np.nan if arm["selection_scores"][str(p)] is None else arm["selection_scores"][str(p)]
+                      for p in points}
+            assert glue.Point(arm["lr"], arm["lora_alpha"]) == glue.best(scores)
+    selection = [r for r in records if r.get("scored_on") == "select"]
+    assert {r["seed"] for r in selection} == {0}
+    assert {(r["lr"], r["lora_alpha"]) for r in selection} == {(p.lr, p.alpha) for p in points}
+    scored = [r for r in records if r.get("scored_on") == "dev" and r["experiment"] == "E1"]
+    assert {(r["problem"], r["method"], r["lr"], r["lora_alpha"]) for r in scored} == {
+        (t, a, c["lr"], c["lora_alpha"]) for t, arms in choice.items() for a, c in arms.items()}  # chosen only
+    assert any(n.startswith("GLUE hyperparameters, chosen per task and arm") for n in summary["notes"])
+
+
+def test_best_prefers_the_highest_score_then_the_smaller_point_and_never_a_diverged_run():
+    a, b, c = glue.Point(0.01, 8.0), glue.Point(0.1, 1.0), glue.Point(0.1, 8.0)
+    assert glue.best({a: 50.0, b: 60.0, c: np.nan}) == b
+    assert glue.best({c: 60.0, b: 60.0}) == b
+    assert glue.best({a: np.nan, c: 10.0}) == c
+
+
+def test_references_learned_claim_and_glue_e2_are_reported(glue_run):
+    summary, records = read(glue_run)
+    by_name = {c["name"]: c for c in summary["claims"]}
+    learned, e2 = by_name[glue.LEARNED.name], by_name[glue.GLUE_EQUAL_BUDGET.name]
+    assert learned["verdict"] in VERDICTS and set(learned["cells"]) == {
+        f"{t} > {f}" for t in ("SST-2", "STS-B") for f in ("chance", "frozen")}
+    ranked = summary["claims"][0]["measured"]["problems"]
+    assert ranked == ["synthetic", *glue.learned_tasks(learned, ["SST-2", "STS-B"])]
+    assert e2["verdict"] in VERDICTS and e2["n"] == 3 and e2["measured"]["sketched_rounds"] == 4
+    e1 = summary["metrics"]["E1"]
+    assert {"SST-2/centralised", "SST-2/frozen", "SST-2/chance", "STS-B/fslora"} <= set(e1)
+    assert e1["STS-B/chance"]["mean"] == 0.0 and 0 < e1["SST-2/chance"]["mean"] < 100
+    sts = [r for r in records if r.get("problem") == "STS-B"]
+    assert all("pearson" in r and "accuracy" not in r for r in sts)
+    frozen = [r for r in records if r.get("method") == "frozen" and r["round"] == 2]
+    assert frozen and all(r["delta_w_rel_norm"] == 0 for r in frozen)  # the head alone moved
+
+
+def test_a_rerun_reads_every_glue_run_back_from_the_cache(glue_run, tmp_path):
+    cached = sorted(p.name for p in (glue_run / "fslora_glue_runs").iterdir())
+    assert len(cached) == 2 * 4 * 7 + 2 * 3 * 7 + 3  # selection (4 points) + dev runs of 7 arms, 2 tasks; E2
+    before = {p: (glue_run / "fslora_glue_runs" / p).stat().st_mtime_ns for p in cached}
+    metrics = (glue_run / "metrics.jsonl").read_bytes()
+    assert main(["run", str(config_path("fslora", quick=True)), *GLUE_TOY, "--out", str(glue_run), "--force"]) == 0
+    assert {p: (glue_run / "fslora_glue_runs" / p).stat().st_mtime_ns for p in cached} == before
+    assert (glue_run / "metrics.jsonl").read_bytes() == metrics
+
+
+def test_the_selection_slice_is_held_out_of_training_and_apart_from_dev():
+    if shared_data_dir() is None:
+        pytest.skip("../shared/data not found")
+    cfg = load_config(config_path("fslora", quick=True), GLUE_TOY[:-1])[2]
+    runner = Runner(cfg.glue_federation(), progress=False)
+    task = glue.load_task(cfg, "SST-2", minilm_l6(), runner)
+    fit, select, dev = (set(d.x.tolist()) for d in (task.fit, task.select, task.dev))
+    assert len(select) == 8 and len(fit) == 32 and len(dev) == 40
+    assert not fit & select and not (fit | select) & dev
+    majority = int(torch.bincount(task.fit.y).argmax())
+    assert task.chance == pytest.approx(100 * float(np.mean(task.dev.y.numpy() == majority)))
+
+
+def test_learned_tasks_needs_both_floors_confirmed():
+    record = {"cells": {"A > chance": {"confirmed": True}, "A > frozen": {"confirmed": True},
+                        "B > chance": {"confirmed": True}, "B > frozen": {"confirmed": False}}}
+    assert glue.learned_tasks(record, ["A", "B", "C"]) == ["A"]
