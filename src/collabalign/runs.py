@@ -50,17 +50,17 @@ def fingerprint(settings: Any) -> str:
 
 
 def cached_json(path: str | Path, key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
-    """compute()'s result saved at `path` under the fingerprint `key`, or read from there when a computation with
-    the same key finished before: a run killed midway, or split across processes into one folder, continues to the
-    same results without repeating finished work."""
+    """compute()'s result (JSON-able) saved at `path` under the fingerprint `key`, or read from there when a
+    computation with the same key finished before: a run killed midway, or split across processes into one folder,
+    continues to the same results without repeating finished work."""
     path = Path(path)
     if path.exists():
         saved = json.loads(path.read_text())
-        if saved.get("fingerprint") == key:
+        if saved.pop("fingerprint", None) == key:
             return saved
-    out = compute() | {"fingerprint": key}
-    atomic_write_text(path, json.dumps(out))
-    return out
+    out = compute()
+    atomic_write_text(path, json.dumps(out | {"fingerprint": key}))
+    return json.loads(json.dumps(out))  # as a later read gives it back (tuples as lists, keys as strings)
 
 
 def environment() -> dict[str, Any]:

@@ -115,6 +115,11 @@ def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_di
         assert (tmp_path / "run0" / "plots" / f"text_{source}_per_labeler.png").stat().st_size > 1000
     rec = parts[0].records[0]
     assert len(rec["accuracy_per_user"]) == 3 and 0 <= rec["accuracy"] <= 1 and rec["steps"] == 3
+    fits = sorted((tmp_path / "run0" / "pshare_text_fits").iterdir())
+    assert len(fits) == len(parts[0].records)  # every fit cached: a stopped run continues where it stopped
+    stamps = [f.stat().st_mtime_ns for f in fits]
+    assert text_part(cfg, RunDir(tmp_path / "run0"), False, backbone).records == parts[0].records
+    assert [f.stat().st_mtime_ns for f in fits] == stamps  # read back, not refitted
 
 
 def test_real_tldr_source_trains_on_the_labelers_own_comparisons(backbone, tmp_path):

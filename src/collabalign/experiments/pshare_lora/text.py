@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 import time
 from collections import defaultdict
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -28,11 +29,12 @@ from collabalign.methods.pshare_lora.train import per_user_mean
 from collabalign.models.backbones import Backbone, load_backbone
 from collabalign.models.cached import TextCache
 from collabalign.models.reward import pair_correct
-from collabalign.runs import Part, RunDir
+from collabalign.runs import Part, RunDir, cached_json, fingerprint
 from collabalign.seeding import Seeds
 
 SOURCE_NAMES = {"tldr_like": "TL;DR-like", "hh": "HH-RLHF", "tldr": "Reddit TL;DR"}
 HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
+TEXT_SELECTION = {"run", "seeds", "sources", "methods"}  # which fits run, not their numbers
 
 
 def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> tuple[Prefs, Prefs, dict]:
@@ -51,11 +53,13 @@ def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> 
 
 
 def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbone | None = None) -> Part:
-    """Every method on every source and text seed; claims per source, the per-labeler table and plot, and notes."""
+    """Every method on every source and text seed (each fit cached in run_dir/pshare_text_fits, so a stopped run
+    continues where it stopped); claims per source, the per-labeler table and plot, and notes."""
     cfg, seeds = config.text, config.text_seeds()
     backbone = backbone or load_backbone(cfg.backbone)
     backbone.model.to(getattr(torch, cfg.dtype))
     part = Part()
+    key = fingerprint(cfg.model_dump(mode="json", exclude=TEXT_SELECTION))  # each fit is cached under it
     for source in cfg.sources:
         acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
         oracle, hh_cache, real = [], None, None
@@ -73,7 +77,8 @@ def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbon
                                       "attribute weights, largest first): "
                                       + "; ".join(describe(info["weights"], pairs.names)))
             for method in cfg.methods:
-                res = fit(backbone, cache, train, test, method, cfg.users, cfg.training(), seed)
+                res = cached_json(run_dir.path / "pshare_text_fits" / f"{source}__{method}__seed{seed}.json", key,
+                                  partial(fit, backbone, cache, train, test, method, cfg.users, cfg.training(), seed))
                 part.records.append({"experiment": "text", "source": source, "method": method, "seed": seed, **res,
                                      **{k: info[k] for k in ("oracle_accuracy", "oracle_per_user", "beta") if info}})
                 acc[method]["accuracy"].append(res["accuracy"])
