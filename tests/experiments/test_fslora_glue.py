@@ -13,6 +13,7 @@ from collabalign.cli import config_path, load_config, main
 from collabalign.data import shared_data_dir
 from collabalign.experiments.fslora import glue
 from collabalign.experiments.fslora.runner import Runner
+from collabalign.experiments.selection import best
 from collabalign.models.backbones import minilm_l6
 
 from .test_fslora import TOY
@@ -50,7 +51,7 @@ def test_each_arms_grid_point_is_chosen_per_task_on_the_selection_slice(glue_run
         for arm in choice[task].values():
             scores = {p: np.nan if arm["selection_scores"][str(p)] is None else arm["selection_scores"][str(p)]
                       for p in points}
-            assert glue.Point(arm["lr"], arm["lora_alpha"]) == glue.best(scores)
+            assert glue.Point(arm["lr"], arm["lora_alpha"]) == best(scores)
     selection = [r for r in records if r.get("scored_on") == "select"]
     assert {r["seed"] for r in selection} == {0}
     assert {(r["lr"], r["lora_alpha"]) for r in selection} == {(p.lr, p.alpha) for p in points}
@@ -58,13 +59,6 @@ def test_each_arms_grid_point_is_chosen_per_task_on_the_selection_slice(glue_run
     assert {(r["problem"], r["method"], r["lr"], r["lora_alpha"]) for r in scored} == {
         (t, a, c["lr"], c["lora_alpha"]) for t, arms in choice.items() for a, c in arms.items()}  # chosen only
     assert any(n.startswith("GLUE hyperparameters, chosen per task and arm") for n in summary["notes"])
-
-
-def test_best_prefers_the_highest_score_then_the_smaller_point_and_never_a_diverged_run():
-    a, b, c = glue.Point(0.01, 8.0), glue.Point(0.1, 1.0), glue.Point(0.1, 8.0)
-    assert glue.best({a: 50.0, b: 60.0, c: np.nan}) == b
-    assert glue.best({c: 60.0, b: 60.0}) == b
-    assert glue.best({a: np.nan, c: 10.0}) == c
 
 
 def test_references_learned_claim_and_glue_e2_are_reported(glue_run):

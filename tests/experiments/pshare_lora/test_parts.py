@@ -3,6 +3,7 @@ summary rebuilt from metrics.jsonl alone."""
 
 import json
 
+import numpy as np
 import pytest
 
 from collabalign.experiments.pshare_lora import Config
@@ -138,3 +139,25 @@ def test_real_tldr_source_trains_on_the_labelers_own_comparisons(backbone, tmp_p
     assert "Reddit TL;DR: P-ShareLoRA (SI) > LoRA-global" in [c["name"] for c in part.claims]
     assert "| oracle |" not in "\n".join(part.notes)
     assert (tmp_path / "run" / "plots" / "text_tldr_per_labeler.png").stat().st_size > 1000
+
+
+def test_text_lr_is_chosen_per_method_on_a_held_out_slice_of_the_training_pairs(backbone, hh_dir, tmp_path):
+    from collabalign.experiments.pshare_lora.text import held_out_slice
+    from collabalign.experiments.selection import best
+
+    text = TEXT.model_copy(update={"sources": ["tldr_like"], "seeds": [0], "methods": ["global", "pshare_si"],
+                                   "n_train": 10, "lr_grid": [1e-3, 1e-2]})
+    part = text_part(Config(seeds=[0], text=text), RunDir(tmp_path / "run"), False, backbone)
+    chosen = part.metrics["text_tldr_like_lr"]
+    for method in ("global", "pshare_si"):
+        scores = {float(lr): a for lr, a in chosen[method]["selection_accuracy"].items()}
+        assert set(scores) == {1e-3, 1e-2} and chosen[method]["lr"] == best(scores)
+    assert {r["lr"] for r in part.records} <= {1e-3, 1e-2}
+    assert all(r["lr"] == chosen[r["method"]]["lr"] for r in part.records)
+    fits = {f.name for f in (tmp_path / "run" / "pshare_text_fits").iterdir()}
+    assert sum(n.endswith("__select.json") for n in fits) == 4 and len(fits) == 6
+    assert any(n.startswith("TL;DR-like learning rate, chosen per method") for n in part.notes)
+    users = np.repeat(np.arange(3), 10)
+    fit_rows, select_rows = held_out_slice(users, 0.2, np.random.default_rng(0))
+    assert sorted(fit_rows.tolist() + select_rows.tolist()) == list(range(30))
+    assert np.bincount(users[select_rows.numpy()]).tolist() == [2, 2, 2]

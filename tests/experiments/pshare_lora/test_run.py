@@ -131,7 +131,7 @@ def test_gpu_tldr_config_validates_and_runs_on_a_tiny_llama(tmp_path):
     cfg = validate(Config, {k: v for k, v in read_yaml(path).items() if k != "experiment"})
     assert (cfg.text.backbone, cfg.text.rank, cfg.text.alpha, cfg.text.targets) == (
         "meta-llama/Meta-Llama-3-8B", 32, 16, ["q_proj", "k_proj"])
-    assert cfg.methods == [] and cfg.text.sources == ["tldr"] and cfg.text.lr == 5e-5
+    assert cfg.methods == [] and cfg.text.sources == ["tldr"] and cfg.text.lr_grid == [5e-5]
     assert (cfg.text.dtype, cfg.text.gradient_checkpointing, cfg.text.micro_batch) == ("bfloat16", True, 4)
     tiny = tiny_llama(num_layers=2)
     tiny.model.save_pretrained(tmp_path / "tiny-llama")

@@ -21,6 +21,7 @@ from collabalign.data import shared_data_dir
 from collabalign.experiments.fslora.config import Config
 from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices, score
 from collabalign.experiments.fslora.scores import E1Scores
+from collabalign.experiments.selection import best
 from collabalign.federation.engine import RoundFailed
 from collabalign.methods.fslora.problems import ClassificationData, LocalSGD, TorchLoRAProblem, glue_problem
 from collabalign.models.backbones import load_backbone
@@ -127,11 +128,6 @@ def choose(cfg: Config, runner: Runner, task: GlueTask) -> dict[str, dict[Point,
             except RoundFailed:
                 out[arm][point] = float("nan")
     return out
-
-
-def best(scores: dict[Point, float]) -> Point:
-    """The point with the highest selection score (on a tie the smaller lr, then alpha; NaN scores last)."""
-    return min(scores, key=lambda p: (np.isnan(scores[p]), -np.nan_to_num(scores[p], nan=0.0), p))
 
 
 def glue_e1(cfg: Config, e1: E1Scores, runner: Runner, notes: list[str]) -> dict:

@@ -95,13 +95,16 @@ class TextConfig(Strict):
     dropout: float = Field(0.05, ge=0, lt=1)
     batch_size: PositiveInt = 32
     epochs: PositiveFloat = 3.0
-    lr: PositiveFloat = 3e-3  # tuned once on LoRA-global (probe: 3e-4 .497, 1e-3 .563, 3e-3 .647, 1e-2 .643), for all
+    # One lr grid for every method, each method's lr chosen per source on a held-out slice of the first seed's
+    # training pairs (select_fraction of each labeler's); a one-value grid runs no selection fits
+    lr_grid: Grid[PositiveFloat] = [3e-3]
+    select_fraction: float = Field(0.2, gt=0, lt=1)
     linear_schedule: bool = True
     methods: Grid[TextMethod] = ["global", "local", "share_rep", "share_rep_same_head", "pshare_si", "pshare_g",
                                  "pshare_wu", "share_a"]  # the phased Share Rep ablation only when listed
 
-    def training(self) -> TextTraining:
-        return TextTraining(self.rank, self.alpha, self.dropout, self.batch_size, self.epochs, self.lr,
+    def training(self, lr: float) -> TextTraining:
+        return TextTraining(self.rank, self.alpha, self.dropout, self.batch_size, self.epochs, lr,
                             self.linear_schedule, device=self.device, targets=tuple(self.targets),
                             micro_batch=self.micro_batch, checkpointing=self.gradient_checkpointing)
 

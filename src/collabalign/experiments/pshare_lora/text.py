@@ -23,6 +23,7 @@ from collabalign.data.tldr_like import generate
 from collabalign.experiments.pshare_lora.config import Config, TextConfig
 from collabalign.experiments.pshare_lora.ordering import ordering_claims
 from collabalign.experiments.pshare_lora.plots import labeler_bars
+from collabalign.experiments.selection import best
 from collabalign.methods.pshare_lora import LABELS, Prefs
 from collabalign.methods.pshare_lora.text import encode, fit
 from collabalign.methods.pshare_lora.train import per_user_mean
@@ -34,7 +35,7 @@ from collabalign.seeding import Seeds
 
 SOURCE_NAMES = {"tldr_like": "TL;DR-like", "hh": "HH-RLHF", "tldr": "Reddit TL;DR"}
 HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
-TEXT_SELECTION = {"run", "seeds", "sources", "methods"}  # which fits run, not their numbers
+TEXT_SELECTION = {"run", "seeds", "sources", "methods", "lr_grid"}  # which fits run (each fit's lr: its name)
 
 
 def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> tuple[Prefs, Prefs, dict]:
@@ -53,16 +54,23 @@ def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> 
 
 
 def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbone | None = None) -> Part:
-    """Every method on every source and text seed (each fit cached in run_dir/pshare_text_fits, so a stopped run
-    continues where it stopped); claims per source, the per-labeler table and plot, and notes."""
+    """Every method on every source and text seed, each at its lr chosen from one grid on a held-out slice of the
+    first seed's training pairs (each fit cached in run_dir/pshare_text_fits, so a stopped run continues where it
+    stopped); claims per source, the per-labeler table and plot, and notes."""
     cfg, seeds = config.text, config.text_seeds()
     backbone = backbone or load_backbone(cfg.backbone)
     backbone.model.to(getattr(torch, cfg.dtype))
     part = Part()
     key = fingerprint(cfg.model_dump(mode="json", exclude=TEXT_SELECTION))  # each fit is cached under it
+
+    def cached_fit(source: str, tag: str, cache: TextCache, train: Prefs, test: Prefs, method: str, lr: float,
+                   seed: int) -> dict:
+        return cached_json(run_dir.path / "pshare_text_fits" / f"{source}__{method}__lr{lr:g}__{tag}.json", key,
+                           partial(fit, backbone, cache, train, test, method, cfg.users, cfg.training(lr), seed))
+
     for source in cfg.sources:
         acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-        oracle, hh_cache, real = [], None, None
+        oracle, hh_cache, real, chosen = [], None, None, {}
         for seed in seeds:
             start = time.perf_counter()
             if source == "tldr":  # real labels: the same users and pairs for every seed (selected with seed 42)
@@ -76,11 +84,15 @@ def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbon
                     part.notes.append(f"{SOURCE_NAMES[source]} labelers (seed {seed}, beta {info['beta']:.3g}; "
                                       "attribute weights, largest first): "
                                       + "; ".join(describe(info["weights"], pairs.names)))
+            if seed == seeds[0]:
+                chosen = choose_lrs(cfg, source, train, seed, partial(cached_fit, source, "select", cache))
+                part.metrics[f"text_{source}_lr"] = chosen
             for method in cfg.methods:
-                res = cached_json(run_dir.path / "pshare_text_fits" / f"{source}__{method}__seed{seed}.json", key,
-                                  partial(fit, backbone, cache, train, test, method, cfg.users, cfg.training(), seed))
-                part.records.append({"experiment": "text", "source": source, "method": method, "seed": seed, **res,
-                                     **{k: info[k] for k in ("oracle_accuracy", "oracle_per_user", "beta") if info}})
+                lr = chosen[method]["lr"]
+                res = cached_fit(source, f"seed{seed}", cache, train, test, method, lr, seed)
+                part.records.append({"experiment": "text", "source": source, "method": method, "seed": seed,
+                                     "lr": lr, **res, **{k: info[k] for k in ("oracle_accuracy", "oracle_per_user",
+                                                                             "beta") if info}})
                 acc[method]["accuracy"].append(res["accuracy"])
                 acc[method]["per_user"].append(res["accuracy_per_user"])
                 if progress:
@@ -88,7 +100,48 @@ def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbon
             if progress:
                 print(f"text {source} seed {seed}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
         add_source(part, source, acc, np.asarray(oracle), cfg, run_dir)
+        part.notes.append(lr_table(SOURCE_NAMES[source], cfg, chosen))
     return part
+
+
+def choose_lrs(cfg: TextConfig, source: str, train: Prefs, seed: int, fit_on) -> dict[str, dict]:
+    """Each method's lr from the grid: fit on the seed's training pairs less a held-out slice (select_fraction of
+    each labeler's, seeded), scored by held-out accuracy on that slice; method -> {lr, selection accuracies}. A
+    one-value grid needs no fits. `fit_on(train, test, method, lr, seed)` runs one fit."""
+    if len(cfg.lr_grid) == 1:
+        return {m: {"lr": cfg.lr_grid[0], "selection_accuracy": {}} for m in cfg.methods}
+    fit_rows, select_rows = held_out_slice(train.users.numpy(), cfg.select_fraction,
+                                           Seeds(seed).numpy(f"text-select-{source}"))
+    out = {}
+    for method in cfg.methods:
+        scores = {lr: fit_on(train[fit_rows], train[select_rows], method, lr, seed)["accuracy"] for lr in cfg.lr_grid}
+        out[method] = {"lr": best(scores), "selection_accuracy": {f"{lr:g}": a for lr, a in scores.items()}}
+    return out
+
+
+def held_out_slice(users: np.ndarray, fraction: float, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Row indices (fit, select): `fraction` of each labeler's rows (seeded) held out, both sorted by labeler."""
+    fit_rows, select_rows = [], []
+    for u in np.unique(users):
+        rows = rng.permutation(np.flatnonzero(users == u))
+        n = round(fraction * len(rows))
+        select_rows.append(np.sort(rows[:n]))
+        fit_rows.append(np.sort(rows[n:]))
+    return torch.from_numpy(np.concatenate(fit_rows)), torch.from_numpy(np.concatenate(select_rows))
+
+
+def lr_table(name: str, cfg: TextConfig, chosen: dict[str, dict]) -> str:
+    """Markdown: each method's held-out-slice accuracy per lr of the grid and the lr it runs with."""
+    if len(cfg.lr_grid) == 1:
+        return f"{name}: every method at lr {cfg.lr_grid[0]:g} (a one-value grid: nothing chosen)."
+    lines = [f"{name} learning rate, chosen per method from one grid on a held-out {cfg.select_fraction:.0%} of each "
+             "labeler's training pairs (first seed; the test pairs are never used to choose):", "",
+             "| method | " + " | ".join(f"lr {lr:g}" for lr in cfg.lr_grid) + " | chosen |",
+             "|---|" + "---|" * (len(cfg.lr_grid) + 1)]
+    for m, c in chosen.items():
+        lines.append(f"| {LABELS[m]} | " + " | ".join(f"{a:.4f}" for a in c["selection_accuracy"].values())
+                     + f" | {c['lr']:g} |")
+    return "\n".join(lines)
 
 
 def tldr_data(cfg: TextConfig, backbone: Backbone) -> tuple[Prefs, Prefs, TextCache]:
@@ -135,7 +188,7 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
     part.notes.append(f"{name}: {cfg.users} labelers x {cfg.n_train} train / {cfg.n_test} test pairs, {labels}; "
                       f"{cfg.backbone} with LoRA "
                       f"(r {cfg.rank}, alpha {cfg.alpha}, dropout {cfg.dropout}) on {'/'.join(cfg.targets)} of the top "
-                      f"{cfg.lora_blocks} blocks (lower blocks cached), max {cfg.max_length} tokens; Adam lr {cfg.lr}"
+                      f"{cfg.lora_blocks} blocks (lower blocks cached), max {cfg.max_length} tokens; Adam (lr below)"
                       f"{' linear to 0' if cfg.linear_schedule else ''}, batch {cfg.batch_size}, {cfg.epochs} epochs' "
                       "steps for every method (G: 2/3 global then lr/3; WU: 0.1 global; Share Rep: the bottom 70% of "
                       "the blocks frozen, per-user LoRA above and a head per user, from the first step; its same-head "
