@@ -55,6 +55,8 @@ def test_each_arms_grid_point_is_chosen_per_task_on_the_selection_slice(glue_run
     selection = [r for r in records if r.get("scored_on") == "select"]
     assert {r["seed"] for r in selection} == {0}
     assert {(r["lr"], r["lora_alpha"]) for r in selection} == {(p.lr, p.alpha) for p in points}
+    frozen = {(r["lr"], r["lora_alpha"]) for r in selection if r["method"] == "frozen"}
+    assert frozen == {(0.01, 1.0), (0.1, 1.0)}  # LoRA alpha changes nothing without LoRA: one run per lr
     scored = [r for r in records if r.get("scored_on") == "dev" and r["experiment"] == "E1"]
     assert {(r["problem"], r["method"], r["lr"], r["lora_alpha"]) for r in scored} == {
         (t, a, c["lr"], c["lora_alpha"]) for t, arms in choice.items() for a, c in arms.items()}  # chosen only
@@ -81,7 +83,7 @@ def test_references_learned_claim_and_glue_e2_are_reported(glue_run):
 
 def test_a_rerun_reads_every_glue_run_back_from_the_cache(glue_run, tmp_path):
     cached = sorted(p.name for p in (glue_run / "fslora_glue_runs").iterdir())
-    assert len(cached) == 2 * 4 * 7 + 2 * 3 * 7 + 3  # selection (4 points) + dev runs of 7 arms, 2 tasks; E2
+    assert len(cached) == 2 * (4 * 6 + 2) + 2 * 3 * 7 + 3  # selection (frozen: per lr) + dev runs, 2 tasks; E2
     before = {p: (glue_run / "fslora_glue_runs" / p).stat().st_mtime_ns for p in cached}
     metrics = (glue_run / "metrics.jsonl").read_bytes()
     assert main(["run", str(config_path("fslora", quick=True)), *GLUE_TOY, "--out", str(glue_run), "--force"]) == 0

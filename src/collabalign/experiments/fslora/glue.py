@@ -123,8 +123,12 @@ def choose(cfg: Config, runner: Runner, task: GlueTask) -> dict[str, dict[Point,
     for arm in ARMS:
         out[arm] = {}
         for point in points:
+            run_at = Point(point.lr, points[0].alpha) if arm == "frozen" else point  # no LoRA: alpha changes nothing
+            if run_at in out[arm]:
+                out[arm][point] = out[arm][run_at]
+                continue
             try:
-                out[arm][point] = score(arm_run(runner, task, arm, cfg.seeds[0], point, "select"))
+                out[arm][point] = score(arm_run(runner, task, arm, cfg.seeds[0], run_at, "select"))
             except RoundFailed:
                 out[arm][point] = float("nan")
     return out
