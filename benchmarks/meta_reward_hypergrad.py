@@ -8,7 +8,9 @@ log-linear bandit of Variant A (d_θ = 12, d_φ = 12, B_in = 32) for the small-p
 Goal: cost linear in D within 10% for D = 5, 10, 20, 40: the times lie within 10% of their least-squares line
 a + b·D (a is the fixed cost of the outer loss and its gradient, b the cost per inner step forward and back), so
 time(D) / time(5) follows (a + b·D) / (a + 5b); the raw ratio to D = 5 is printed beside D / 5.
-Times are medians of interleaved calls (timing.compare), so the ratios are measured side by side.
+Times are medians of interleaved calls (timing.compare), so the ratios are measured side by side. Every inner step
+uses the same batch of rows: a step's cost depends on which rows it holds (0.8 to 1.3 s here), so with batches drawn
+per D the content, not D, decided the ratios (D = 40 once read 25% above linear on costlier draws).
 Run: OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/meta_reward_hypergrad.py
      [--tiny]
 """
@@ -92,7 +94,8 @@ def main(tiny: bool) -> None:
     torch.manual_seed(0)
     objective, outer, theta0, phi, pairs, alpha, cache = lm_problem(tiny)
     gen = torch.Generator().manual_seed(2)
-    batches = {d: [torch.randint(32, (8,), generator=gen) for _ in range(d)] for d in DS}
+    batch = torch.randint(32, (8,), generator=gen)
+    batches = {d: [batch] * d for d in DS}  # one batch at every step: D alone differs, not the rows' content
     lm = compare({f"D={d}": (lambda d=d: hypergradient(objective, outer, theta0, phi, batches[d], pairs, alpha))
                   for d in DS}, rounds=3, warmup=1)
     d_theta = sum(t.numel() for t in theta0)
@@ -101,8 +104,9 @@ def main(tiny: bool) -> None:
           f"D = {max(DS)}")
     report("LM-head policy (B_in = 8)", lm)
     objective, outer, theta0, phi, pairs = bandit_problem()
-    bb = {d: [(torch.randint(200, (32,), generator=gen), torch.randint(8, (32,), generator=gen)) for _ in range(d)]
-          for d in DS}
+    pairs_b = [(torch.randint(200, (32,), generator=gen), torch.randint(8, (32,), generator=gen))
+               for _ in range(max(DS))]
+    bb = {d: pairs_b[:d] for d in DS}
     bandit = compare({f"D={d}": (lambda d=d: hypergradient(objective, outer, theta0, phi, bb[d], pairs, 0.3))
                       for d in DS}, rounds=15, warmup=2)
     report("log-linear bandit (B_in = 32)", bandit)
