@@ -21,7 +21,7 @@ from collabalign.data import shared_data_dir
 from collabalign.experiments.fslora.config import Config
 from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices, score
 from collabalign.experiments.fslora.scores import E1Scores
-from collabalign.experiments.selection import best
+from collabalign.experiments.selection import best, held_out_slice
 from collabalign.federation.engine import RoundFailed
 from collabalign.methods.fslora.problems import ClassificationData, LocalSGD, TorchLoRAProblem, glue_problem
 from collabalign.models.backbones import load_backbone
@@ -68,10 +68,8 @@ def load_task(cfg: Config, task: str, backbone, runner: Runner) -> GlueTask:
     shared = shared_data_dir()
     root = None if shared is None else shared / "glue"  # tasks without a folder there come from the hub
     problem, train = glue_problem(task, root, backbone, cfg.glue.setup(runner.fed), Seeds(0))
-    order = Seeds(0).numpy("glue-select", task).permutation(len(train))
-    n_select = max(1, round(cfg.glue.select_fraction * len(train)))
-    select, fit = (train[torch.as_tensor(np.sort(rows))] for rows in (order[:n_select], order[n_select:]))
-    return GlueTask(task, problem, fit, select, problem.test)
+    fit, select = held_out_slice(np.zeros(len(train)), cfg.glue.select_fraction, Seeds(0).numpy("glue-select", task))
+    return GlueTask(task, problem, train[fit], train[select], problem.test)
 
 
 @dataclass(frozen=True, order=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -112,9 +113,7 @@ class Runner:
         return Arm(method, self.fed.rank, self.fed.ratios, self.fed.rounds)
 
     def run(self, tag: dict, problem: TorchLoRAProblem, clients: dict, arm: Arm, seed: int) -> RunSummary:
-        def compute() -> dict:
-            return self._simulate(tag, problem, clients, arm, seed)
-
+        compute = partial(self._simulate, tag, problem, clients, arm, seed)
         if self.cache is None:
             out = compute()
         else:

@@ -23,7 +23,7 @@ from collabalign.data.tldr_like import generate
 from collabalign.experiments.pshare_lora.config import Config, TextConfig
 from collabalign.experiments.pshare_lora.ordering import ordering_claims
 from collabalign.experiments.pshare_lora.plots import labeler_bars
-from collabalign.experiments.selection import best
+from collabalign.experiments.selection import best, held_out_slice
 from collabalign.methods.pshare_lora import LABELS, Prefs
 from collabalign.methods.pshare_lora.text import encode, fit
 from collabalign.methods.pshare_lora.train import per_user_mean
@@ -117,17 +117,6 @@ def choose_lrs(cfg: TextConfig, source: str, train: Prefs, seed: int, fit_on) ->
         scores = {lr: fit_on(train[fit_rows], train[select_rows], method, lr, seed)["accuracy"] for lr in cfg.lr_grid}
         out[method] = {"lr": best(scores), "selection_accuracy": {f"{lr:g}": a for lr, a in scores.items()}}
     return out
-
-
-def held_out_slice(users: np.ndarray, fraction: float, rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """Row indices (fit, select): `fraction` of each labeler's rows (seeded) held out, both sorted by labeler."""
-    fit_rows, select_rows = [], []
-    for u in np.unique(users):
-        rows = rng.permutation(np.flatnonzero(users == u))
-        n = round(fraction * len(rows))
-        select_rows.append(np.sort(rows[:n]))
-        fit_rows.append(np.sort(rows[n:]))
-    return torch.from_numpy(np.concatenate(fit_rows)), torch.from_numpy(np.concatenate(select_rows))
 
 
 def lr_table(name: str, cfg: TextConfig, chosen: dict[str, dict]) -> str:
