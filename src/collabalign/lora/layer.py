@@ -63,10 +63,13 @@ class LoRALinear(nn.Module):
         return self.B.dim() == 3
 
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """PEFT's default: A ~ kaiming-uniform(a=sqrt 5) (bound 1/sqrt(in)), B = 0, so the adapter starts at zero."""
+        """PEFT's default: A ~ kaiming-uniform(a=sqrt 5) (bound 1/sqrt(in)), B = 0, so the adapter starts at zero.
+        A is drawn on the generator's device and copied over: the same draws on a GPU as on the CPU."""
         bound = 1.0 / math.sqrt(self.A.shape[-1])
+        device = self.A.device if generator is None else generator.device
         with torch.no_grad():
-            self.A.uniform_(-bound, bound, generator=generator)
+            self.A.copy_(torch.empty(self.A.shape, dtype=self.A.dtype, device=device).uniform_(-bound, bound,
+                                                                                               generator=generator))
             self.B.zero_()
 
     def set_factors(self, A: Tensor, B: Tensor, scale: float) -> None:
