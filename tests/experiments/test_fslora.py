@@ -1,6 +1,7 @@
 """The FSLoRA reproduction through the CLI at toy size: claims, plots and determinism."""
 
 import json
+import shutil
 
 import pytest
 
@@ -45,6 +46,22 @@ def test_every_declared_claim_is_reported_with_its_rule_and_a_verdict(toy_runs):
         assert (toy_runs[0] / "plots" / f"{plot}.png").stat().st_size > 1000
     report = (toy_runs[0] / "report.md").read_text()
     assert "| synthetic | " in report and "| SST-2 |" not in report  # no GLUE rows without GLUE tasks
+
+
+def test_a_rerun_reads_every_synthetic_run_back_from_the_cache(toy_runs, tmp_path):
+    """E1's and the ablations' runs are saved under the synthetic settings' fingerprint: a stopped main run continues
+    where it stopped; a changed setting computes afresh."""
+    run = tmp_path / "run"
+    shutil.copytree(toy_runs[0], run)
+    cached = {p.name: p.stat().st_mtime_ns for p in (run / "fslora_synthetic_runs").iterdir()}
+    assert len(cached) == 5 + 2 * 2 + 3 * 2  # E1's five methods; E2 and E2 with many devices, E3-E5: 2 arms each
+    args = ["run", str(config_path("fslora", quick=True)), *TOY, "--out", str(run), "--force"]
+    assert main(args) == 0
+    assert {p.name: p.stat().st_mtime_ns for p in (run / "fslora_synthetic_runs").iterdir()} == cached
+    assert (run / "metrics.jsonl").read_bytes() == (toy_runs[0] / "metrics.jsonl").read_bytes()
+    assert main([*args[:2], "synthetic.lr=0.11", *args[2:]]) == 0
+    assert all(p.stat().st_mtime_ns != cached[p.name] for p in (run / "fslora_synthetic_runs").iterdir()
+               if p.name in cached)
 
 
 def test_the_quick_config_runs_every_part_so_its_summary_holds_every_claim():

@@ -21,9 +21,8 @@ __all__ = ["TITLE", "Config", "run"]
 
 
 def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
-    plots = run_dir.path / "plots"
     parts = [e1_part(cfg, run_dir.path, progress), e6_part(cfg)]
-    parts.append(ablations_part(cfg, plots, progress) if cfg.ablations.run
+    parts.append(ablations_part(cfg, run_dir.path, progress) if cfg.ablations.run
                  else switched_off(ABLATION_CLAIMS, "ablations.run is false"))
     parts.append(theory_part(cfg) if cfg.theory.run else switched_off(THEORY_CLAIMS, "theory.run is false"))
     run_dir.write_parts(parts, plot_metrics=[])

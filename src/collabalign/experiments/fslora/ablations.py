@@ -14,7 +14,15 @@ import numpy as np
 from collabalign.claims import Claim, not_run, slopes, superiority
 from collabalign.experiments.fslora.config import AblationConfig, Config, FederationConfig
 from collabalign.experiments.fslora.plots import plot_ablations
-from collabalign.experiments.fslora.runner import Arm, Runner, devices, score, synthetic_problem
+from collabalign.experiments.fslora.runner import (
+    Arm,
+    Runner,
+    devices,
+    run_cache,
+    score,
+    synthetic_fingerprint,
+    synthetic_problem,
+)
 from collabalign.experiments.fslora.scores import mean_std
 from collabalign.runs import Part
 
@@ -84,13 +92,14 @@ class Sweep:
         return "\n".join(lines)
 
 
-def ablations_part(cfg: Config, plots: Path, progress: bool = True) -> Part:
-    """Runs E2–E5, plots them, tabulates E3–E5 against upload and decides the claims on per-seed final scores."""
-    fed, abl = cfg.federation, cfg.ablations
-    runner = Runner(fed, progress)
+def ablations_part(cfg: Config, run_path: Path, progress: bool = True) -> Part:
+    """Runs E2–E5 (each run saved in the synthetic runs' cache), plots them, tabulates E3–E5 against upload and
+    decides the claims on per-seed final scores."""
+    fed, abl, plots = cfg.federation, cfg.ablations, run_path / "plots"
+    runner = Runner(fed, progress, cache=run_cache(run_path, "synthetic"), key=synthetic_fingerprint(cfg))
     e2 = {"E2": equal_budget(cfg, runner, abl.budget_ranks)}
     if abl.many_devices is not None:
-        many = Runner(fed.model_copy(update={"devices": abl.many_devices}), progress, runner.records)
+        many = runner.variant(devices=abl.many_devices)
         e2["E2_many_devices"] = equal_budget(cfg, many, abl.many_devices_ranks, f"N={abl.many_devices} ")
     e3, e4, e5 = (sweep.run(cfg, runner) for sweep in sweeps(fed, abl))
     e2_means = {name: mean_points(by_rank) for name, by_rank in e2.items()}

@@ -11,7 +11,6 @@ Every run is cached in the run folder, so a long main run that stops continues w
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
@@ -222,10 +221,6 @@ def selection_table(cfg: Config, choices: dict, chance: dict, plateau: dict) -> 
     lines += ["", "Chance on dev: " + ", ".join(f"{t} {c:.1f}" for t, c in chance.items()) + ". Centralised LoRA's dev "
               "gain over the last quarter of rounds: " + ", ".join(f"{t} {g:+.2f}" for t, g in plateau.items()) + "."]
     return "\n".join(lines)
-
-
-def cache_folder(run_path: Path) -> Path:
-    return run_path / "fslora_glue_runs"
 
 
 def glue_fingerprint(cfg: Config) -> str:

@@ -13,13 +13,13 @@ import numpy as np
 import torch
 
 from collabalign.data import dirichlet
-from collabalign.experiments.fslora.config import FederationConfig, SyntheticConfig
+from collabalign.experiments.fslora.config import Config, FederationConfig, SyntheticConfig
 from collabalign.federation import Algorithm, SimulationResult, simulate
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, ServerAdam, device_ranks, fedlora, fslora, heterolora
 from collabalign.methods.fslora.common import head_of
 from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, teacher_student
-from collabalign.runs import cached_json
+from collabalign.runs import cached_json, fingerprint
 from collabalign.seeding import Seeds
 
 METHODS = ("fedlora", "fslora", "heterolora", "flexlora", "fedstack")
@@ -92,6 +92,18 @@ def headline(metrics: dict) -> float:
 def score(result: SimulationResult | RunSummary) -> float:
     """The final round's headline metric in points."""
     return headline(result.metrics[-1])
+
+
+def run_cache(run_path: Path, part: str) -> Path:
+    """Where a part's finished runs are saved ("synthetic" or "glue"), read back by a later run with the same
+    settings: a stopped main run continues where it stopped, and its parts can be computed by separate processes."""
+    return run_path / f"fslora_{part}_runs"
+
+
+def synthetic_fingerprint(cfg: Config) -> str:
+    """Every setting that changes a synthetic run's numbers (E1 and the ablations; not which seeds run)."""
+    return fingerprint({part: getattr(cfg, part).model_dump(mode="json")
+                        for part in ("synthetic", "federation", "ablations")})
 
 
 class Runner:
