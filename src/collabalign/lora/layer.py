@@ -7,6 +7,8 @@
   of one matmul, much faster when there are many rows and small factors (the gather's backward is a serial scatter).
 - A rank subset ``rank_idx`` (k indices) makes the forward use only A[idx], B[:, idx] with the r/k
   factor (scale alpha/r * r/k), so compute and gradients cost O(k): sliced, never masked.
+- Per-party B may carry a per-party scale (`party_scale`, (P,)) in place of alpha / r: clients of different
+  ranks and scales stacked into one layer (`lora.stacked`).
 Routing is set on the layer (`route`) because Hugging Face forwards cannot carry extra arguments.
 """
 
@@ -51,6 +53,7 @@ class LoRALinear(nn.Module):
         self.dropout = nn.Dropout(dropout) if dropout > 0 else nn.Identity()
         self.party: Party = None
         self.rank_idx: Tensor | None = None
+        self.party_scale: Tensor | None = None  # (P,) with per-party B: each party's scale, used instead of `scale`
         self.enabled = True
         self.reset_parameters()
 
@@ -91,8 +94,8 @@ class LoRALinear(nn.Module):
 
     @property
     def scale(self) -> float:
-        """alpha / r for the full rank; alpha/r * r/k = alpha/k for a k-subset."""
-        return self.alpha / self.active_rank
+        """alpha / r for the full rank; alpha/r * r/k = alpha/k for a k-subset; 1 when B carries `party_scale`."""
+        return 1.0 if self.party_scale is not None else self.alpha / self.active_rank
 
     def factors(self, party: Party = None) -> tuple[Tensor, Tensor]:
         """A and B as used by the forward: gathered for `party`, sliced to `rank_idx`.
@@ -102,6 +105,8 @@ class LoRALinear(nn.Module):
         """
         idx = self.rank_idx
         A, B = self.A, self.B
+        if self.party_scale is not None:
+            B = B * self.party_scale.to(B.dtype)[:, None, None]
         if self.per_party_a:
             A = _gather(A, party, idx, rank_dim=1, name="A")
         elif idx is not None:

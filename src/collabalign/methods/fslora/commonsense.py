@@ -95,6 +95,8 @@ class CommonsenseProblem(TorchLoRAProblem):
     `max_new_tokens` greedily per test prompt, extracts the task's answer label and reports accuracy per task and
     their plain mean (the paper's Avg.). `test.y` holds each test row's task index into `tasks`."""
 
+    batched = False  # the loss is a mean over answer tokens: devices train one after another
+
     def __init__(self, model: nn.Module, tokenizer, tokens: PromptAnswerTokens, answers: list[str],
                  test: ClassificationData, setup: CommonsenseSetup, eval_batch_size: int = 64):
         super().__init__(model, [], test, setup.sgd, eval_batch_size=eval_batch_size, device=setup.device)

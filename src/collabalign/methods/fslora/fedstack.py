@@ -10,13 +10,13 @@ from collabalign.comm import Message
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext
 from collabalign.methods.fslora.common import HEAD, head_arrays, head_of, lora_scale, mean_head
-from collabalign.methods.fslora.problems import TorchLoRAProblem
+from collabalign.methods.fslora.problems import Factors, LocalJob, LocalSteps, Params, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 State = dict[str, np.ndarray]
 
 
-class FedStackLoRA:
+class FedStackLoRA(LocalSteps):
     def __init__(self, problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0):
         self.problem, self.ranks = problem, ranks
         self.scale = lora_scale(alpha, rank)
@@ -32,7 +32,7 @@ class FedStackLoRA:
         stack = {k: v for k, v in state.items() if k.endswith((".B_stack", ".A_stack")) or k.startswith("head/")}
         return {cid: Message(stack, {"round": round_, "k": self.ranks[cid]}) for cid in client_ids}
 
-    def client_update(self, message: Message, client: ClientContext) -> Message:
+    def local_job(self, message: Message, client: ClientContext) -> LocalJob:
         k = message.meta["k"]
         merged = client.state or {name: np.zeros(shape, np.float32) for name, shape in self.problem.shapes.items()}
         blocks = {}
@@ -41,9 +41,10 @@ class FedStackLoRA:
                 merged[name] = merged[name] + self.scale * message[f"{name}.B_stack"] @ message[f"{name}.A_stack"]
             blocks[name] = (np.zeros((m, k), np.float32), self.problem.init_a(client.torch_rng, k, n))
         client.state = merged
-        trained, head = self.problem.local_train(blocks, head_of(message), self.scale, merged, client.data,
-                                                 client.torch_rng)
-        arrays = {}
+        return LocalJob(blocks, head_of(message), self.scale, merged, client.data, client.torch_rng)
+
+    def reply(self, message: Message, job: LocalJob, trained: Factors, head: Params) -> Message:
+        k, arrays = message.meta["k"], {}
         for name, (B, A) in trained.items():
             arrays[f"{name}.B"], arrays[f"{name}.A"] = B, A
         return Message(arrays | head_arrays(head), {"k": k})

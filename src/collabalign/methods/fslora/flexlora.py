@@ -12,13 +12,13 @@ from collabalign.comm import Message
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext
 from collabalign.methods.fslora.common import head_arrays, head_of, lora_scale, mean_head
-from collabalign.methods.fslora.problems import TorchLoRAProblem
+from collabalign.methods.fslora.problems import Factors, LocalJob, LocalSteps, Params, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 State = dict[str, np.ndarray]
 
 
-class FlexLoRA:
+class FlexLoRA(LocalSteps):
     def __init__(self, problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0,
                  sigma_split: Literal["B", "sqrt"] = "B"):
         self.problem, self.ranks, self.rank = problem, ranks, rank
@@ -60,10 +60,11 @@ class FlexLoRA:
         root = np.sqrt(sigma / self.scale)
         return (u * root).astype(np.float32), (root[:, None] * vt).astype(np.float32)
 
-    def client_update(self, message: Message, client: ClientContext) -> Message:
+    def local_job(self, message: Message, client: ClientContext) -> LocalJob:
         blocks = {name: (message[f"{name}.B"], message[f"{name}.A"]) for name in self.problem.shapes}
-        trained, head = self.problem.local_train(blocks, head_of(message), self.scale, None, client.data,
-                                                 client.torch_rng)
+        return LocalJob(blocks, head_of(message), self.scale, None, client.data, client.torch_rng)
+
+    def reply(self, message: Message, job: LocalJob, trained: Factors, head: Params) -> Message:
         arrays = {}
         for name, (B, A) in trained.items():
             arrays[f"{name}.B"], arrays[f"{name}.A"] = B, A

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from torch import Tensor, nn
 from collabalign.data.glue import glue_metric, pearson_corr
 from collabalign.data.hub import load_glue_any
 from collabalign.lora.inject import lora_layers
+from collabalign.lora.stacked import route, routing, stacked
 from collabalign.models.backbones import Backbone
 from collabalign.models.cached import CachedModel, cache_texts, lora_top_blocks
 from collabalign.models.pooled import PooledModel
@@ -48,6 +50,18 @@ class LocalSGD:
     lora: bool = True
 
 
+class LocalJob(NamedTuple):
+    """One device's `local_train` arguments: its blocks, head, LoRA scale (one, or per layer), dense base (None:
+    W0), data and generator."""
+
+    factors: Factors
+    head: Params
+    scale: float | dict[str, float]
+    base: dict[str, np.ndarray] | None
+    data: ClassificationData
+    rng: torch.Generator
+
+
 @dataclass
 class ClassificationData:
     """Inputs (any tensor the model takes, first dim = samples) and labels: integer classes, or float targets."""
@@ -67,6 +81,8 @@ class TorchLoRAProblem:
     regressor (float `test.y`) whose first output is trained with MSE. The model stays in eval mode: only the LoRA
     layers' dropout is switched on, during `local_train`."""
 
+    batched = True  # `local_train_many` stacks devices: the loss is a mean over rows of `model(x)` and labels
+
     def __init__(self, model: nn.Module, head_names: list[str], test: ClassificationData, sgd: LocalSGD,
                  metric: tuple[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
                  eval_batch_size: int = 512, device: str = "cpu"):
@@ -78,6 +94,7 @@ class TorchLoRAProblem:
         self.w0 = {name: layer.base.weight.detach().clone() for name, layer in self.layers.items()}
         params = dict(model.named_parameters())
         self.head = {name: params[name].requires_grad_(True) for name in head_names}
+        self.head_modules = sorted({name.rpartition(".")[0] for name in head_names})  # linear layers: weight, bias
         if metric is None and self.regression:
             metric = ("pearson", pearson_corr)
         self.metric = metric  # (name, fn(preds, labels)) reported beside accuracy/loss, e.g. Matthews corr. for CoLA
@@ -151,6 +168,48 @@ class TorchLoRAProblem:
             trained = {n: (B.copy(), A.copy()) for n, (B, A) in factors.items()}
         return trained, {n: _array(p) for n, p in self.head.items()}
 
+    def local_train_many(self, jobs: Sequence[LocalJob]) -> list[tuple[Factors, Params]]:
+        """`local_train` for many devices as one batched computation (`lora.stacked`): the same steps, batches and
+        results as one device after another, up to rounding. Devices with a dense base of their own (FedStackLoRA)
+        or LoRA dropout (its masks are drawn per device), and problems with a loss of their own, run one after
+        another."""
+        dropout = self.sgd.lora and any(isinstance(layer.dropout, nn.Dropout) for layer in self.layers.values())
+        if not self.batched or dropout or len(jobs) < 2 or any(job.base is not None for job in jobs):
+            return [self.local_train(*job) for job in jobs]
+        sgd, lora = self.sgd, self.sgd.lora
+        rows = [[torch.randint(len(job.data), (min(sgd.batch_size, len(job.data)),), generator=job.rng)
+                 for _ in range(sgd.steps)] for job in jobs]  # each device's draws, in its own order
+        ends = np.cumsum([len(r[0]) for r in rows]).tolist()
+        factors = [{n: (self._tensor(B), self._tensor(A)) for n, (B, A) in job.factors.items()} for job in jobs]
+        heads = [{m: (self._tensor(job.head[f"{m}.weight"]), self._tensor(job.head[f"{m}.bias"]))
+                  for m in self.head_modules} for job in jobs]
+        self._load(None, jobs[0].head, 1.0, None)  # the base weights back to W0
+        with stacked(self.model, factors if lora else None, [job.scale for job in jobs], heads) as params, \
+                self._training(lora):
+            route(self.model, routing([len(r[0]) for r in rows], self.device))
+            optimizer = torch.optim.SGD(params, lr=sgd.lr, momentum=sgd.momentum)
+            for step in range(sgd.steps):
+                batch = [job.data[r[step]] for job, r in zip(jobs, rows, strict=True)]
+                logits = self.model(torch.cat([b.x for b in batch]).to(self.device))
+                y = torch.cat([b.y for b in batch]).to(self.device)
+                loss = sum(self._criterion(logits[a:b], y[a:b]) for a, b in zip([0, *ends], ends, strict=False))
+                optimizer.zero_grad()
+                loss.backward()
+                optimizer.step()
+            out = [_array(p) for p in params]
+        lora_out, head_out = (out[: 2 * len(self.layers)], out[2 * len(self.layers):]) if lora else ([], out)
+        results = []
+        for i, job in enumerate(jobs):
+            if lora:
+                trained = {n: (lora_out[2 * j][i, :, : B.shape[1]], lora_out[2 * j + 1][i, : A.shape[0]])
+                           for j, (n, (B, A)) in enumerate(job.factors.items())}
+            else:
+                trained = {n: (B.copy(), A.copy()) for n, (B, A) in job.factors.items()}
+            head = {f"{m}.{part}": head_out[2 * j + t][i] for j, m in enumerate(self.head_modules)
+                    for t, part in enumerate(("weight", "bias"))}
+            results.append((trained, head))
+        return results
+
     @contextmanager
     def _training(self, lora: bool) -> Iterator[None]:
         """LoRA dropout in train mode and, without `lora`, the LoRA factors frozen; both restored on exit."""
@@ -195,6 +254,28 @@ class TorchLoRAProblem:
         if self.metric is not None:
             out[self.metric[0]] = self.metric[1](preds.numpy(), self.test.y.numpy())
         return out
+
+
+class LocalSteps:
+    """The client side of an algorithm whose update is one `problem.local_train` between `local_job(message,
+    client)` and `reply(message, job, trained, head)`: `client_update` runs one device, `client_update_many` (the
+    engine's batched hook) runs every sampled device in one computation (`TorchLoRAProblem.local_train_many`)."""
+
+    problem: TorchLoRAProblem
+
+    def local_job(self, message, client) -> LocalJob: ...
+
+    def reply(self, message, job: LocalJob, trained: Factors, head: Params): ...
+
+    def client_update(self, message, client):
+        job = self.local_job(message, client)
+        return self.reply(message, job, *self.problem.local_train(*job))
+
+    def client_update_many(self, messages: dict, clients: dict) -> dict:
+        jobs = {cid: self.local_job(message, clients[cid]) for cid, message in messages.items()}
+        trained = self.problem.local_train_many(list(jobs.values()))
+        return {cid: self.reply(messages[cid], job, *out) for (cid, job), out in zip(jobs.items(), trained,
+                                                                                      strict=True)}
 
 
 def _array(t: Tensor) -> np.ndarray:

@@ -24,7 +24,7 @@ from collabalign.methods.fslora.common import (
     mean_head,
     scatter_mean,
 )
-from collabalign.methods.fslora.problems import TorchLoRAProblem
+from collabalign.methods.fslora.problems import Factors, LocalJob, LocalSteps, Params, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 State = dict[str, np.ndarray]
@@ -54,7 +54,7 @@ def densify(values: np.ndarray, index: np.ndarray, shape: tuple[int, ...]) -> np
     return out.reshape(shape)
 
 
-class SubspaceLoRA:
+class SubspaceLoRA(LocalSteps):
     """Global rank-r LoRA; device i trains the rank-k_i block at `indices(...)`; the server adds the mean block
     update over all participants. `random_blocks` + `rescale` = FSLoRA; prefix blocks, no rescale = HeteroLoRA."""
 
@@ -100,7 +100,7 @@ class SubspaceLoRA:
                                {"round": round_, "k": self.ranks[cid]})
         return out
 
-    def client_update(self, message: Message, client: ClientContext) -> Message:
+    def local_job(self, message: Message, client: ClientContext) -> LocalJob:
         k = message.meta["k"]
         blocks = {}
         for name in self.problem.shapes:
@@ -110,9 +110,11 @@ class SubspaceLoRA:
                 B, A = B[:, idx], A[idx]
             blocks[name] = (B, A)
         scale = self.scale * (self.rank / k if self.rescale else 1.0)
-        trained, head = self.problem.local_train(blocks, head_of(message), scale, None, client.data, client.torch_rng)
-        upload = {}
-        for name, (B, A) in blocks.items():
+        return LocalJob(blocks, head_of(message), scale, None, client.data, client.torch_rng)
+
+    def reply(self, message: Message, job: LocalJob, trained: Factors, head: Params) -> Message:
+        upload, k = {}, message.meta["k"]
+        for name, (B, A) in job.factors.items():
             for key, delta in ((f"{name}.dB", trained[name][0] - B), (f"{name}.dA", trained[name][1] - A)):
                 if self.upload_top_k is None:
                     upload[key] = delta
