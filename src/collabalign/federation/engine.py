@@ -45,6 +45,8 @@ class EngineOptions(Strict):
     timeout_s: float | None = Field(None, gt=0, description="a client slower than this is dropped from the round")
     max_update_norm: float | None = Field(None, gt=0, description="reject replies whose update norm exceeds this")
     clip_norm: float | None = Field(None, gt=0, description="scale every accepted update to at most this L2 norm")
+    batched: bool = Field(True, description="in process: the sampled clients train in one batched computation when "
+                          "the algorithm can (client_update_many); false: one after another")
 
 
 @dataclass(frozen=True)
@@ -298,14 +300,15 @@ class InProcess:
     past `timeout_s` gets its private state back as it was before the round."""
 
     def __init__(self, algorithm: Algorithm, clients: dict[str, ClientContext], seed: int,
-                 timeout_s: float | None = None):
+                 timeout_s: float | None = None, batched: bool = True):
         self.algorithm, self.clients, self.seeds, self.timeout_s = algorithm, clients, Seeds(seed), timeout_s
+        self.batched = batched
 
     def exchange(self, round_: int, messages: dict[str, Message]) -> dict[str, Message | Failure]:
         saved = {cid: dict(self.clients[cid].state) for cid in messages}
         for cid in messages:
             self.clients[cid].seed_round(self.seeds, round_)
-        batched = getattr(self.algorithm, "client_update_many", None)
+        batched = getattr(self.algorithm, "client_update_many", None) if self.batched else None
         if batched is not None and len(messages) > 1 and self.timeout_s is None:
             try:
                 return dict(batched(messages, {cid: self.clients[cid] for cid in messages}))

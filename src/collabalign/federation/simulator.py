@@ -44,7 +44,7 @@ def simulate(algorithm: Algorithm, client_data: dict[str, Any], rounds: int, see
     if store is not None and not resume and store.exists:
         (store.folder / "state.json").unlink()  # a fresh run: the old checkpoint is not continued
     clients = {cid: ClientContext(cid, data) for cid, data in client_data.items()}
-    transport = InProcess(algorithm, clients, seed, options.timeout_s)
+    transport = InProcess(algorithm, clients, seed, options.timeout_s, options.batched)
     with _progress(progress) as bar:
         task = bar.add_task(name, total=rounds)
 
