@@ -3,6 +3,8 @@ FedAvg-LoRA, local-only and centralised reward modelling."""
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -12,6 +14,7 @@ from torch import Tensor
 
 from collabalign.data.preferences import PreferencePair
 from collabalign.lora.inject import lora_layers
+from collabalign.lora.stacked import route, routing, stacked
 from collabalign.methods.fedavg import Params
 from collabalign.models.cached import TextCache, cache_texts
 from collabalign.models.pooled import Tokens
@@ -90,6 +93,49 @@ class RewardTrainer:
                 loss.backward()
                 optimizer.step()
         return self.params(), len(data)
+
+    def train_many(self, params: Sequence[Params], data: Sequence[EncodedPairs],
+                   rngs: Sequence[torch.Generator]) -> list[tuple[Params, int]]:
+        """`train` for many clients in one batched computation (`lora.stacked`): the same batches and results as one
+        client after another, up to rounding. Clients with the same number of steps per epoch train together (their
+        AdamW states share a step count); each draws its epochs' orders from its own generator first."""
+        orders = [[torch.randperm(len(d), generator=g) for _ in range(self.epochs)]
+                  for d, g in zip(data, rngs, strict=True)]
+        groups: dict[int, list[int]] = defaultdict(list)
+        for i, d in enumerate(data):
+            groups[math.ceil(len(d) / self.batch_size)].append(i)
+        out: list[tuple[Params, int]] = [({}, 0)] * len(data)
+        for members in groups.values():
+            trained = self._train_group([params[i] for i in members], [data[i] for i in members],
+                                        [orders[i] for i in members])
+            for i, p in zip(members, trained, strict=True):
+                out[i] = (p, len(data[i]))
+        return out
+
+    def _train_group(self, params: list[Params], data: list[EncodedPairs], orders: list[list[Tensor]]) -> list[Params]:
+        layers = lora_layers(self.model)
+        factors = [{n: (torch.from_numpy(p[f"{n}.B"]), torch.from_numpy(p[f"{n}.A"])) for n in layers} for p in params]
+        heads = [{"head": (torch.from_numpy(p["head.weight"]), torch.from_numpy(p["head.bias"]))} for p in params]
+        scales = [{n: layer.scale for n, layer in layers.items()}] * len(params)
+        with stacked(self.model, factors, scales, heads) as weights:
+            optimizer = torch.optim.AdamW(weights, lr=self.lr, weight_decay=0.0)
+            for epoch in range(self.epochs):
+                for step in range(math.ceil(len(data[0]) / self.batch_size)):
+                    picks = [order[epoch][step * self.batch_size:(step + 1) * self.batch_size] for order in orders]
+                    texts = TextCache.cat([d[p].texts for d, p in zip(data, picks, strict=True)])
+                    route(self.model, routing([2 * len(p) for p in picks]))
+                    rewards = self.model(*texts.batch(torch.arange(len(texts))), self.split)
+                    ends = np.cumsum([2 * len(p) for p in picks]).tolist()
+                    loss = sum(bt_loss(rewards[end - 2 * len(p): end - len(p)], rewards[end - len(p): end])
+                               for p, end in zip(picks, ends, strict=True))
+                    optimizer.zero_grad()
+                    loss.backward()
+                    optimizer.step()
+            arrays = [w.detach().numpy() for w in weights]
+        names = [f"{n}.{f}" for n in layers for f in ("B", "A")] + ["head.weight", "head.bias"]
+        keys = list(self.trainable())
+        return [{key: dict(zip(names, [a[i] for a in arrays], strict=True))[key].copy() for key in keys}
+                for i in range(len(params))]
 
     @torch.no_grad()
     def test_rewards(self, params: Params, data: EncodedPairs | None = None) -> tuple[Tensor, Tensor]:

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from collabalign.lora.inject import inject_lora
@@ -41,6 +42,16 @@ class TextCache:
 
     def __getitem__(self, rows: Tensor) -> TextCache:
         return TextCache(self.tokens[rows], None if self.features is None else self.features[rows], self.split)
+
+    @staticmethod
+    def cat(caches: Sequence[TextCache]) -> TextCache:
+        """The rows of every cache one after another, right-padded to the widest (their split must agree)."""
+        width = max(c.tokens.input_ids.shape[1] for c in caches)
+        tokens = Tokens(*(torch.cat([F.pad(getattr(c.tokens, f), (0, width - c.tokens.input_ids.shape[1]))
+                                     for c in caches]) for f in ("input_ids", "attention_mask")))
+        features = None if caches[0].features is None else torch.cat(
+            [F.pad(c.features, (0, 0, 0, width - c.features.shape[1])) for c in caches])
+        return TextCache(tokens, features, caches[0].split)
 
     def batch(self, rows: Tensor, device: torch.device | str = "cpu") -> tuple[Tokens, Tensor | None]:
         """Tokens and features of `rows`, trimmed to their longest real text, on `device`."""

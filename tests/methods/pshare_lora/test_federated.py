@@ -24,6 +24,7 @@ from collabalign.methods.pshare_lora.federated import (
 )
 from collabalign.methods.pshare_lora.local_trainer import LocalSteps, RoutedLoRA
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, evaluate, generate, model_for
+from collabalign.methods.pshare_lora.train import Prefs
 from collabalign.seeding import Seeds
 
 SMALL = ProblemConfig(d1=6, d2=4, users=4, k=2, n_train=12, n_test=40, depth=2)
@@ -277,3 +278,23 @@ def test_flower_runs_federated_pshare_like_the_simulator():
     assert [m.keys() for m in flower.metrics] == [m.keys() for m in sim.metrics]  # every node answered
     for a, b in zip(sim.metrics, flower.metrics, strict=True):  # evaluated on the nodes, with their own A_i
         assert b == pytest.approx(a, abs=1e-6)
+
+
+def test_fit_many_equals_one_client_after_another_in_float64():
+    """Clients of 12, 7 and 3 pairs, Adam and plain SGD: the stacked computation against `fit` per client."""
+    _, data, model_fn = setup()
+    double = [d["train"] for d in data.values()][:3]
+    double = [Prefs(d.users, d.chosen.double(), d.rejected.double())[:n] for d, n in zip(double, (12, 7, 3),
+                                                                                      strict=True)]
+    for optimizer in ("adam", "sgd"):
+        trainer = RoutedLoRA(lambda: model_fn().double(), LocalSteps(steps=6, lr=0.05, batch_size=4,
+                                                                     optimizer=optimizer))
+        gen = torch.Generator().manual_seed(0)
+        starts = [{n: v + 0.1 * torch.randn(v.shape, generator=gen, dtype=torch.float64).numpy()
+                   for n, v in trainer.start(torch.Generator().manual_seed(1)).items()} for _ in double]
+        gens = lambda: [torch.Generator().manual_seed(10 + i) for i in range(len(double))]  # noqa: E731
+        one_by_one = [trainer.fit(s, d, g, 0.05) for s, d, g in zip(starts, double, gens(), strict=True)]
+        many = trainer.fit_many(starts, double, gens(), 0.05)
+        diff = max(float(np.abs(a[n] - b[n]).max()) for a, b in zip(many, one_by_one, strict=True) for n in a)
+        assert diff < 1e-10
+        assert max(float(np.abs(a[n] - s[n]).max()) for a, s in zip(many, starts, strict=True) for n in a) > 1e-3
