@@ -71,6 +71,9 @@ def test_train_many_equals_one_client_after_another_in_float64():
                for k in a) < 1e-10
     assert all(list(a) == list(b) for (a, _), (b, _) in zip(many, sequential, strict=True))
     assert max(float(np.abs(a[k] - p[k]).max()) for (a, _), p in zip(many, params, strict=True) for k in a) > 1e-4
+    trainer.max_rows = 8  # one client per computation
+    alone = trainer.train_many(params, data, gens())
+    assert max(float(np.abs(a[k] - b[k]).max()) for (a, _), (b, _) in zip(alone, many, strict=True) for k in a) < 1e-10
 
 
 def test_fedavg_lora_with_the_batched_hook_equals_the_sequential_run(tiny_problem):

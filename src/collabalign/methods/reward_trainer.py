@@ -51,10 +51,11 @@ class RewardTrainer:
     """Trains the LoRA factors and the head of `model` (everything else frozen) with AdamW, fresh each call."""
 
     def __init__(self, model: RewardModel, test: EncodedPairs, lr: float, epochs: int, batch_size: int,
-                 eval_batch_size: int = 128):
+                 eval_batch_size: int = 128, max_rows: int = 128):
         self.model, self.test = model, test
         self.split = test.texts.split  # every EncodedPairs it sees caches the same blocks
         self.lr, self.epochs, self.batch_size, self.eval_batch_size = lr, epochs, batch_size, eval_batch_size
+        self.max_rows = max_rows  # pairs per batched step of `train_many` (whole clients)
 
     def trainable(self) -> dict[str, Tensor]:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
@@ -104,8 +105,9 @@ class RewardTrainer:
         groups: dict[int, list[int]] = defaultdict(list)
         for i, d in enumerate(data):
             groups[math.ceil(len(d) / self.batch_size)].append(i)
+        chunk = max(1, self.max_rows // self.batch_size)  # clients per computation: a working set that fits caches
         out: list[tuple[Params, int]] = [({}, 0)] * len(data)
-        for members in groups.values():
+        for members in (g[s:s + chunk] for g in groups.values() for s in range(0, len(g), chunk)):
             trained = self._train_group([params[i] for i in members], [data[i] for i in members],
                                         [orders[i] for i in members])
             for i, p in zip(members, trained, strict=True):
