@@ -34,7 +34,8 @@ def in_process(engine: str) -> Params:
     """The job run by `simulate` on `engine`, every client's pairs encoded on their own (as on a node)."""
     cfg, seed = job_config({"config": "", "method": "fedavg-lora", **RUN_CONFIG})
     algorithm, data = federated_job(cfg, seed, own=client_ids(cfg))
-    return simulate(algorithm, data, cfg.train.rounds, seed, progress=False, options=EngineOptions(engine=engine)).state
+    options = EngineOptions(engine=engine, batched=False)  # one client after another, as on the nodes: equal bits
+    return simulate(algorithm, data, cfg.train.rounds, seed, progress=False, options=options).state
 
 
 def deployed(folder: Path) -> tuple[Params, float, float]:

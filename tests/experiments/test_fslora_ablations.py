@@ -19,7 +19,7 @@ TOY = Config(seeds=[0], synthetic={"n_train": 200, "n_test": 200, "extra_lrs": [
 
 @pytest.fixture(scope="module")
 def toy_part(tmp_path_factory):
-    return ablations.ablations_part(TOY, tmp_path_factory.mktemp("plots"), progress=False)
+    return ablations.ablations_part(TOY, tmp_path_factory.mktemp("run"), progress=False)
 
 
 @pytest.mark.parametrize(("scaled", "rounds"), [(True, [30, 60, 120, 240]), (False, [30, 30, 30, 30])])

@@ -41,7 +41,8 @@ class Counter:
 def both(algorithm, data, **kw):
     from collabalign.federation.flower import run_flower_simulation
 
-    sim = simulate(algorithm, data, rounds=3, seed=11, progress=False, **kw)
+    sim = simulate(algorithm, data, rounds=3, seed=11, progress=False, options=EngineOptions(batched=False),
+                   **kw)  # one client after another, as Flower's nodes train
     flower = run_flower_simulation(algorithm, data, rounds=3, seed=11, **kw)
     assert not ray.is_initialized()
     return sim, flower

@@ -96,6 +96,7 @@ def ablations_part(cfg: Config, run_path: Path, progress: bool = True) -> Part:
     """Runs E2–E5 (each run saved in the synthetic runs' cache), plots them, tabulates E3–E5 against upload and
     decides the claims on per-seed final scores."""
     fed, abl, plots = cfg.federation, cfg.ablations, run_path / "plots"
+    plots.mkdir(parents=True, exist_ok=True)
     runner = Runner(fed, progress, cache=run_cache(run_path, "synthetic"), key=synthetic_fingerprint(cfg))
     e2 = {"E2": equal_budget(cfg, runner, abl.budget_ranks)}
     if abl.many_devices is not None:
