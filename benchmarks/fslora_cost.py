@@ -5,6 +5,8 @@ r = 256 (at k = r the LoRA matmuls, 5 per step forward + backward, are 5k/dim = 
 float32, one torch thread, 8 devices with 512 samples each (an equal split), H = 10 SGD steps of batch 128 per
 `client_update`. Every timed call reruns on fixed inputs (the same messages, state and round seeds).
 
+0. The same on the real model (MiniLM, LoRA in all 6 blocks, SST-2): there every rank pays the backward through
+   the frozen blocks below the adapters, which LoRA off (head only) skips, so that floor is out of reach.
 1. One device's FSLoRA `client_update` (H steps forward + backward on its rank-k block) and its upload at
    k/r = 1/8, 1/4, 1/2, 1, relative to k = r, next to a floor: the same H steps with LoRA off (frozen base
    forward + head), which no rank can go below. Goal: the time above the floor ~ k/r (<= 0.3 at 1/8: sliced,
@@ -73,12 +75,13 @@ def lora_bytes(message: Message) -> int:
     return sum(a.nbytes for name, a in message.items() if not name.startswith("head/"))
 
 
-def device_step(seeds, problem, clients) -> None:
+def device_step(seeds, problem, clients, title: str) -> None:
     cid = "d0"
     one = {cid: clients[cid]}
     runs, messages, uploads = {}, {}, {}
-    for k in (RANK // 8, RANK // 4, RANK // 2, RANK):
-        run = Run(fslora(problem, {cid: k}, RANK), one, seeds)
+    rank = next(iter(problem.layers.values())).rank
+    for k in (rank // 8, rank // 4, rank // 2, rank):
+        run = Run(fslora(problem, {cid: k}, rank), one, seeds)
         messages[k] = run.algorithm.configure(run.state, 1, [cid])[cid]
         uploads[k] = run.device(cid, messages[k], 1)
         runs[k] = run
@@ -86,17 +89,21 @@ def device_step(seeds, problem, clients) -> None:
 
     def lora_off() -> None:  # the same local_train with the LoRA layer disabled (factors=None)
         ctx.seed_round(seeds, 1)
-        problem.local_train(None, head_of(messages[RANK]), 1.0, None, ctx.data, ctx.torch_rng)
+        problem.local_train(None, head_of(messages[rank]), 1.0, None, ctx.data, ctx.torch_rng)
 
     candidates = {k: (lambda k=k: runs[k].device(cid, messages[k], 1)) for k in runs} | {"off": lora_off}
-    times = compare(candidates)
-    full, floor = times[RANK], times["off"]
-    print(f"1. one device's FSLoRA client_update: {STEPS} SGD steps x batch {BATCH} on a rank-k block of r={RANK}")
-    print(f"{'k/r':>8} {'ms':>8} {'time/(k=r)':>11} {'above floor':>12} {'upload KiB':>11} {'LoRA upload':>12}")
+    times = compare(candidates, rounds=7 if title.startswith("real") else 15)
+    full, floor = times[rank], times["off"]
+    print(f"{title}: one device's FSLoRA client_update, {problem.sgd.steps} SGD steps x batch "
+          f"{problem.sgd.batch_size} on a rank-k block of r={rank};\n"
+          "its floor = LoRA off + k/r x (k = r minus LoRA off)")
+    print(f"{'k/r':>8} {'ms':>8} {'time/(k=r)':>11} {'above floor':>12} {'floor ms':>9} {'x floor':>8} "
+          f"{'upload KiB':>11} {'LoRA upload':>12}")
     for k in runs:
-        print(f"{k / RANK:>8.3f} {times[k] * 1e3:>8.1f} {times[k] / full:>11.2f} "
-              f"{(times[k] - floor) / (full - floor):>12.2f} {uploads[k].array_nbytes / 1024:>11.1f} "
-              f"{lora_bytes(uploads[k]) / lora_bytes(uploads[RANK]):>12.3f}")
+        at_k = floor + k / rank * (full - floor)
+        print(f"{k / rank:>8.3f} {times[k] * 1e3:>8.1f} {times[k] / full:>11.2f} "
+              f"{(times[k] - floor) / (full - floor):>12.2f} {at_k * 1e3:>9.1f} {times[k] / at_k:>8.2f} "
+              f"{uploads[k].array_nbytes / 1024:>11.1f} {lora_bytes(uploads[k]) / lora_bytes(uploads[rank]):>12.3f}")
     print(f"{'LoRA off':>8} {floor * 1e3:>8.1f} {floor / full:>11.2f}   (floor: base forward + head, no LoRA)")
     print("(time/(k=r) and 'above floor' = (t - floor)/(t_r - floor) are relative to k = r; upload KiB includes "
           "the head, 'LoRA upload' is dB, dA alone relative to k = r)")
@@ -155,14 +162,27 @@ def server_time(seeds, problem, clients, ranks) -> None:
               f"{total[name] / total['FSLoRA']:>13.2f} {down[name] / 1024:>13.1f} {down[name] / down['FSLoRA']:>8.2f}")
 
 
+def real_model() -> tuple[Seeds, TorchLoRAProblem, dict]:
+    """FSLoRA's GLUE device on the real model: all-MiniLM-L6-v2 with LoRA (r = 32, no dropout) on query/value of all
+    6 blocks, SST-2 sentences cut at 48 tokens, the main config's H = 8 steps of batch 16."""
+    from collabalign.data.paths import shared_data_dir
+    from collabalign.methods.fslora.problems import GlueSetup, glue_problem
+    from collabalign.models.backbones import minilm_l6
+
+    setup = GlueSetup(rank=32, sgd=LocalSGD(8, 0.01, 16), max_train=512, max_length=48, lora_blocks=6, max_test=64)
+    problem, train = glue_problem("SST-2", shared_data_dir() / "glue", minilm_l6(), setup, Seeds(0))
+    return Seeds(0), problem, {"d0": train}
+
+
 def main() -> None:
     torch.manual_seed(0)
     start = time.perf_counter()
+    device_step(*real_model(), "real model (MiniLM, SST-2)")
     seeds, problem, clients = build()
     ranks = device_ranks(seeds, list(clients), RANK)
-    print(f"teacher-student MLP dim {DIM}, r = {RANK}, torch threads {torch.get_num_threads()}; "
+    print(f"\nteacher-student MLP dim {DIM}, r = {RANK}, torch threads {torch.get_num_threads()}; "
           f"medians of interleaved runs\n")
-    device_step(seeds, problem, clients)
+    device_step(seeds, problem, clients, "1. teacher-student MLP")
     round_device_time(seeds, problem, clients, ranks)
     server_time(seeds, problem, clients, ranks)
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
