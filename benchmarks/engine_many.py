@@ -3,7 +3,8 @@
 Flower's simulation engine (Ray), in one process after an untimed warm-up of each; the final adapters are checked
 close. Part 1: 32 clients, SmolLM2-135M-Instruct with LoRA on q/v of its top block, HH-RLHF harmless pairs
 (the quickstart's data: its first 800 pairs, 48 tokens). Part 2: rounds per second at 1,000 clients of the tiny
-Llama on synthetic pairs, batched and one by one, and peak RSS of the process after each part (it only grows).
+Llama on synthetic pairs, batched and one by one. Part 3: peak RSS of one batched round at 1, 100 and 1,000
+clients, each in a fresh process (the base model once plus N adapters, and the clients' cached data).
 Goals (issue 17): batched >= 5x one by one and >= 3x Flower at 32 clients.
 Run: OMP_NUM_THREADS=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 PATH=.venv/bin:$PATH \
      .venv/bin/python benchmarks/engine_many.py [--part smollm2|tiny|all]
@@ -14,6 +15,9 @@ from __future__ import annotations
 import argparse
 import os
 import resource
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 
@@ -61,15 +65,44 @@ def report(title: str, runs: dict[str, tuple[dict, float]]) -> None:
     print(f"peak RSS so far: {rss_mb():.0f} MB (the head's bias is left out of the diff: it cancels in the BT loss)")
 
 
+def memory(clients: int) -> None:
+    """One batched round of the tiny job with `clients` clients (about 16 pairs each) in this process: the RSS before
+    the round (imports, model, the clients' cached data) and the peak during it."""
+    overrides = [o for o in TINY if not o.startswith(("split.clients", "data.synthetic_pairs"))]
+    overrides += [f"split.clients={clients}", f"data.synthetic_pairs={20 * clients}", "train.rounds=1"]
+    cfg, seed = job_config({"config": str(CONFIG_DIR / "quickstart" / "main.yaml"), "method": "fedavg-lora",
+                            "overrides": "; ".join(overrides), "seed": 0})
+    algorithm, data = federated_job(cfg, seed)
+    Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak RSS (VmHWM) restarts from the current RSS
+    before = vm("VmRSS")
+    simulate(algorithm, data, 1, seed, progress=False)
+    print(f"{clients:>8} {before:>12.0f} {vm('VmHWM'):>10.0f}")
+
+
+def vm(field: str) -> float:
+    """A /proc/self/status memory field in MB."""
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field))
+    return int(line.split()[1]) / 1024
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--part", choices=["smollm2", "tiny", "all"], default="all")
-    part = parser.parse_args().part
+    parser.add_argument("--part", choices=["smollm2", "tiny", "memory", "all"], default="all")
+    parser.add_argument("--clients", type=int, help="(internal) one memory measurement in this process")
+    args = parser.parse_args()
+    if args.clients is not None:
+        return memory(args.clients)
+    part = args.part
     if part in ("smollm2", "all"):
         report("FedAvg-LoRA, SmolLM2-135M-Instruct, 32 clients, one round",
                rounds(SMOLLM2, ["batched", "one by one", "Flower simulation"]))
     if part in ("tiny", "all"):
         report("FedAvg-LoRA, tiny Llama, 1,000 clients", rounds(TINY, ["batched", "one by one"]))
+    if part in ("memory", "all"):
+        print("\nRSS of one batched round of the tiny job, each in a fresh process (MB)")
+        print(f"{'clients':>8} {'before round':>12} {'peak in it':>10}")
+        for clients in (1, 100, 1000):
+            subprocess.run([sys.executable, __file__, "--clients", str(clients)], check=True)
 
 
 if __name__ == "__main__":
