@@ -192,17 +192,18 @@ class TorchLoRAProblem:
                 batch = [job.data[r[step]] for job, r in zip(jobs, rows, strict=True)]
                 logits = self.model(torch.cat([b.x for b in batch]).to(self.device))
                 y = torch.cat([b.y for b in batch]).to(self.device)
-                loss = sum(self._criterion(logits[a:b], y[a:b]) for a, b in zip([0, *ends], ends, strict=False))
+                loss = sum(self._criterion(logits[a:b], y[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True))
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
             out = [_array(p) for p in params]
         lora_out, head_out = (out[: 2 * len(self.layers)], out[2 * len(self.layers):]) if lora else ([], out)
+        layer = {name: j for j, name in enumerate(self.layers)}  # `stacked` yields B, A per layer in model order
         results = []
         for i, job in enumerate(jobs):
             if lora:
-                trained = {n: (lora_out[2 * j][i, :, : B.shape[1]], lora_out[2 * j + 1][i, : A.shape[0]])
-                           for j, (n, (B, A)) in enumerate(job.factors.items())}
+                trained = {n: (lora_out[2 * layer[n]][i, :, : B.shape[1]], lora_out[2 * layer[n] + 1][i, : A.shape[0]])
+                           for n, (B, A) in job.factors.items()}
             else:
                 trained = {n: (B.copy(), A.copy()) for n, (B, A) in job.factors.items()}
             head = {f"{m}.{part}": head_out[2 * j + t][i] for j, m in enumerate(self.head_modules)
