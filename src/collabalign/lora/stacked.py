@@ -11,7 +11,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -39,6 +41,30 @@ class RoutedLinear(nn.Module):
         return _apply(x, weight) + bias.reshape(bias.shape[0], *[1] * (x.dim() - 2), bias.shape[-1])
 
 
+@dataclass
+class Stack:
+    """The stacked parameters (`params`, named `<layer>.B`, `<layer>.A`, `<head>.weight`, `<head>.bias` in `names`)
+    and each client's rank per layer."""
+
+    params: list[nn.Parameter] = field(default_factory=list)
+    names: list[str] = field(default_factory=list)
+    ranks: list[dict[str, int]] = field(default_factory=list)
+
+    def add(self, name: str, param: nn.Parameter) -> None:
+        self.params.append(param)
+        self.names.append(name)
+
+    def client(self, i: int) -> dict[str, np.ndarray]:
+        """Client i's arrays by name (copies), its LoRA factors cut back to its own rank."""
+        out = {}
+        for name, p in zip(self.names, self.params, strict=True):
+            layer, _, kind = name.rpartition(".")
+            k = self.ranks[i].get(layer)
+            value = p[i, :, :k] if kind == "B" else p[i, :k] if kind == "A" else p[i]
+            out[name] = value.detach().cpu().numpy().copy()
+        return out
+
+
 def routing(sizes: Sequence[int], device: torch.device | str = "cpu") -> Party:
     """How rows laid out client after client, `sizes[i]` rows each, are routed: `Blocks` when all sizes are equal."""
     if len(set(sizes)) == 1:
@@ -49,17 +75,17 @@ def routing(sizes: Sequence[int], device: torch.device | str = "cpu") -> Party:
 @contextmanager
 def stacked(model: nn.Module, factors: Sequence[dict[str, Factors]] | None,
             scales: Sequence[float | dict[str, float]],
-            heads: Sequence[dict[str, Factors]]) -> Iterator[list[nn.Parameter]]:
+            heads: Sequence[dict[str, Factors]]) -> Iterator[Stack]:
     """Within the block, every LoRA layer of `model` holds the clients' factors stacked (zero-padded to the largest
     rank, each with its own scale, one per client or per client and layer) and each head module named in `heads`
-    (client -> {module: (weight, bias)}) is a `RoutedLinear` of the clients' heads; yields the stacked parameters
-    (LoRA's first, B then A per layer; none when `factors` is None: the adapters are off). Route rows with
+    (client -> {module: (weight, bias)}) is a `RoutedLinear` of the clients' heads; yields the `Stack` (no LoRA
+    factors when `factors` is None: the adapters are off). Route rows with
     `route(model, party)`. The model's own modules and factors come back on exit."""
     layers = lora_layers(model)
     saved = {name: (layer.A, layer.B, layer.rank, layer.rank_idx, layer.party, layer.party_scale, layer.enabled)
              for name, layer in layers.items()}
     swapped = {name: model.get_submodule(name) for name in heads[0]}
-    params: list[nn.Parameter] = []
+    stack = Stack(ranks=[{n: f[n][1].shape[0] for n in layers} for f in factors] if factors else [{}] * len(heads))
     try:
         for name, layer in layers.items():
             layer.enabled = factors is not None
@@ -76,14 +102,16 @@ def stacked(model: nn.Module, factors: Sequence[dict[str, Factors]] | None,
             layer.rank, layer.rank_idx = k, None
             layer.party_scale = torch.tensor([s[name] if isinstance(s, dict) else s for s in scales], dtype=dtype,
                                              device=device)
-            params += [layer.B, layer.A]
+            stack.add(f"{name}.B", layer.B)
+            stack.add(f"{name}.A", layer.A)
         for name, module in swapped.items():
             w = torch.stack([client[name][0] for client in heads]).to(module.weight)
             b = torch.stack([client[name][1] for client in heads]).to(module.weight)
             routed_head = RoutedLinear(w, b)
             _set_module(model, name, routed_head)
-            params += [routed_head.weight, routed_head.bias]
-        yield params
+            stack.add(f"{name}.weight", routed_head.weight)
+            stack.add(f"{name}.bias", routed_head.bias)
+        yield stack
     finally:
         for name, layer in layers.items():
             layer.A, layer.B, layer.rank, layer.rank_idx, layer.party, layer.party_scale, layer.enabled = saved[name]

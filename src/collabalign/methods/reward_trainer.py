@@ -119,8 +119,8 @@ class RewardTrainer:
         factors = [{n: (torch.from_numpy(p[f"{n}.B"]), torch.from_numpy(p[f"{n}.A"])) for n in layers} for p in params]
         heads = [{"head": (torch.from_numpy(p["head.weight"]), torch.from_numpy(p["head.bias"]))} for p in params]
         scales = [{n: layer.scale for n, layer in layers.items()}] * len(params)
-        with stacked(self.model, factors, scales, heads) as weights:
-            optimizer = torch.optim.AdamW(weights, lr=self.lr, weight_decay=0.0)
+        with stacked(self.model, factors, scales, heads) as stack:
+            optimizer = torch.optim.AdamW(stack.params, lr=self.lr, weight_decay=0.0)
             for epoch in range(self.epochs):
                 for step in range(math.ceil(len(data[0]) / self.batch_size)):
                     picks = [order[epoch][step * self.batch_size:(step + 1) * self.batch_size] for order in orders]
@@ -133,11 +133,8 @@ class RewardTrainer:
                     optimizer.zero_grad()
                     loss.backward()
                     optimizer.step()
-            arrays = [w.detach().numpy() for w in weights]
-        names = [f"{n}.{f}" for n in layers for f in ("B", "A")] + ["head.weight", "head.bias"]
         keys = list(self.trainable())
-        return [{key: dict(zip(names, [a[i] for a in arrays], strict=True))[key].copy() for key in keys}
-                for i in range(len(params))]
+        return [{key: out[key] for key in keys} for out in map(stack.client, range(len(params)))]
 
     @torch.no_grad()
     def test_rewards(self, params: Params, data: EncodedPairs | None = None) -> tuple[Tensor, Tensor]:

@@ -179,36 +179,32 @@ class TorchLoRAProblem:
         sgd, lora = self.sgd, self.sgd.lora
         rows = [[torch.randint(len(job.data), (min(sgd.batch_size, len(job.data)),), generator=job.rng)
                  for _ in range(sgd.steps)] for job in jobs]  # each device's draws, in its own order
-        ends = np.cumsum([len(r[0]) for r in rows]).tolist()
+        sizes = [len(r[0]) for r in rows]
+        ends = np.cumsum(sizes).tolist()
+        data = ClassificationData(torch.cat([job.data.x for job in jobs]), torch.cat([job.data.y for job in jobs]))
+        offsets = np.cumsum([0] + [len(job.data) for job in jobs[:-1]]).tolist()
+        steps = [torch.cat([r[step] + off for r, off in zip(rows, offsets, strict=True)]) for step in range(sgd.steps)]
         factors = [{n: (self._tensor(B), self._tensor(A)) for n, (B, A) in job.factors.items()} for job in jobs]
         heads = [{m: (self._tensor(job.head[f"{m}.weight"]), self._tensor(job.head[f"{m}.bias"]))
                   for m in self.head_modules} for job in jobs]
         self._load(None, jobs[0].head, 1.0, None)  # the base weights back to W0
-        with stacked(self.model, factors if lora else None, [job.scale for job in jobs], heads) as params, \
+        with stacked(self.model, factors if lora else None, [job.scale for job in jobs], heads) as stack, \
                 self._training(lora):
-            route(self.model, routing([len(r[0]) for r in rows], self.device))
-            optimizer = torch.optim.SGD(params, lr=sgd.lr, momentum=sgd.momentum)
-            for step in range(sgd.steps):
-                batch = [job.data[r[step]] for job, r in zip(jobs, rows, strict=True)]
-                logits = self.model(torch.cat([b.x for b in batch]).to(self.device))
-                y = torch.cat([b.y for b in batch]).to(self.device)
+            route(self.model, routing(sizes, self.device))
+            optimizer = torch.optim.SGD(stack.params, lr=sgd.lr, momentum=sgd.momentum)
+            for step in steps:
+                batch = data[step]
+                logits, y = self.model(batch.x.to(self.device)), batch.y.to(self.device)
                 loss = sum(self._criterion(logits[a:b], y[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True))
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
-            out = [_array(p) for p in params]
-        lora_out, head_out = (out[: 2 * len(self.layers)], out[2 * len(self.layers):]) if lora else ([], out)
-        layer = {name: j for j, name in enumerate(self.layers)}  # `stacked` yields B, A per layer in model order
         results = []
         for i, job in enumerate(jobs):
-            if lora:
-                trained = {n: (lora_out[2 * layer[n]][i, :, : B.shape[1]], lora_out[2 * layer[n] + 1][i, : A.shape[0]])
-                           for n, (B, A) in job.factors.items()}
-            else:
-                trained = {n: (B.copy(), A.copy()) for n, (B, A) in job.factors.items()}
-            head = {f"{m}.{part}": head_out[2 * j + t][i] for j, m in enumerate(self.head_modules)
-                    for t, part in enumerate(("weight", "bias"))}
-            results.append((trained, head))
+            out = stack.client(i)
+            trained = {n: (out[f"{n}.B"], out[f"{n}.A"]) if lora else (B.copy(), A.copy())
+                       for n, (B, A) in job.factors.items()}
+            results.append((trained, {name: out[name] for name in self.head}))
         return results
 
     @contextmanager
