@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Computes one piece of a long main form into the per-run caches under results/<run>/, which a later
+# `collabalign run <config> --out results/<run>` reads back (results/README.md). Each piece runs in its own
+# scratch folder under runs/ (its report is discarded) whose cache folder links to the shared one, so pieces
+# can run side by side, one per core, and across sessions.
+# usage: results/compute.sh fslora-synthetic | fslora-glue TASK... | pshare-text SOURCE...
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg PATH="$PWD/.venv/bin:$PATH"
+
+piece() {  # piece NAME RUN CACHE... -- collabalign run ARGS...: the scratch folder runs/piece-NAME
+    local name=$1 run=$2 scratch=runs/piece-$1; shift 2
+    mkdir -p "$scratch"
+    while [ "$1" != -- ]; do
+        mkdir -p "results/$run/$1"; ln -sfn "$PWD/results/$run/$1" "$scratch/$1"; shift
+    done
+    shift
+    echo "== $name from $(date -u +%H:%M:%S)"
+    collabalign run "$@" --out "$scratch" --force --no-progress
+    echo "== $name done $(date -u +%H:%M:%S)"
+}
+
+what=$1; shift
+case $what in
+    fslora-synthetic)
+        piece fslora-synthetic fslora-main fslora_synthetic_runs -- fslora/main "glue.tasks=[]" ;;
+    fslora-glue)
+        for task in "$@"; do
+            budget=null; [ "$task" = SST-2 ] && budget=SST-2  # E2 on GLUE runs with SST-2
+            piece "fslora-$task" fslora-main fslora_synthetic_runs fslora_glue_runs -- fslora/main \
+                "glue.tasks=[$task]" glue.budget_task=$budget ablations.run=false theory.run=false
+        done ;;
+    pshare-text)
+        for source in "$@"; do
+            piece "pshare-$source" pshare-main pshare_text_fits -- pshare-lora/main "methods=[]" bandit.run=false \
+                federated.run=false "text.sources=[$source]"
+        done ;;
+    *) echo "usage: $0 fslora-synthetic | fslora-glue TASK... | pshare-text SOURCE..." >&2; exit 2 ;;
+esac
