@@ -6,7 +6,9 @@ float32, one torch thread, 8 devices with 512 samples each (an equal split), H =
 `client_update`. Every timed call reruns on fixed inputs (the same messages, state and round seeds).
 
 0. The same on the real model (MiniLM, LoRA in all 6 blocks, SST-2): there every rank pays the backward through
-   the frozen blocks below the adapters, which LoRA off (head only) skips, so that floor is out of reach.
+   the frozen blocks below the adapters, which LoRA off (head only) skips, so that floor is out of reach. Its floor
+   is the frozen base with that backward (LoRA off, the embeddings' output requiring grad: every block's input
+   gradient, no LoRA matmul) plus k/r of what LoRA at k = r adds to it.
 1. One device's FSLoRA `client_update` (H steps forward + backward on its rank-k block) and its upload at
    k/r = 1/8, 1/4, 1/2, 1, relative to k = r, next to a floor: the same H steps with LoRA off (frozen base
    forward + head), which no rank can go below. Goal: the time above the floor ~ k/r (<= 0.3 at 1/8: sliced,
@@ -92,11 +94,14 @@ def device_step(seeds, problem, clients, title: str) -> None:
         problem.local_train(None, head_of(messages[rank]), 1.0, None, ctx.data, ctx.torch_rng)
 
     candidates = {k: (lambda k=k: runs[k].device(cid, messages[k], 1)) for k in runs} | {"off": lora_off}
+    embeddings = getattr(getattr(problem.model, "pooled", None), "backbone", None)
+    if embeddings is not None:
+        candidates["backprop"] = lambda: with_backprop(embeddings.embeddings, lora_off)
     times = compare(candidates, rounds=7 if title.startswith("real") else 15)
-    full, floor = times[rank], times["off"]
+    full, floor = times[rank], times.get("backprop", times["off"])
     print(f"{title}: one device's FSLoRA client_update, {problem.sgd.steps} SGD steps x batch "
           f"{problem.sgd.batch_size} on a rank-k block of r={rank};\n"
-          "its floor = LoRA off + k/r x (k = r minus LoRA off)")
+          f"its floor = {'base with backprop' if 'backprop' in times else 'LoRA off'} + k/r x (k = r minus it)")
     print(f"{'k/r':>8} {'ms':>8} {'time/(k=r)':>11} {'above floor':>12} {'floor ms':>9} {'x floor':>8} "
           f"{'upload KiB':>11} {'LoRA upload':>12}")
     for k in runs:
@@ -104,9 +109,21 @@ def device_step(seeds, problem, clients, title: str) -> None:
         print(f"{k / rank:>8.3f} {times[k] * 1e3:>8.1f} {times[k] / full:>11.2f} "
               f"{(times[k] - floor) / (full - floor):>12.2f} {at_k * 1e3:>9.1f} {times[k] / at_k:>8.2f} "
               f"{uploads[k].array_nbytes / 1024:>11.1f} {lora_bytes(uploads[k]) / lora_bytes(uploads[rank]):>12.3f}")
-    print(f"{'LoRA off':>8} {floor * 1e3:>8.1f} {floor / full:>11.2f}   (floor: base forward + head, no LoRA)")
+    print(f"{'LoRA off':>8} {times['off'] * 1e3:>8.1f} {times['off'] / full:>11.2f}   (base forward + head, no LoRA)")
+    if "backprop" in times:
+        print(f"{'backprop':>8} {floor * 1e3:>8.1f} {floor / full:>11.2f}   (the same with the backward through "
+              "every frozen block: the floor)")
     print("(time/(k=r) and 'above floor' = (t - floor)/(t_r - floor) are relative to k = r; upload KiB includes "
           "the head, 'LoRA upload' is dB, dA alone relative to k = r)")
+
+
+def with_backprop(embeddings: torch.nn.Module, run) -> None:
+    """run() with the embeddings' output requiring grad, so the backward passes through every frozen block."""
+    handle = embeddings.register_forward_hook(lambda module, inputs, out: out.requires_grad_())
+    try:
+        run()
+    finally:
+        handle.remove()
 
 
 def round_device_time(seeds, problem, clients, ranks) -> None:

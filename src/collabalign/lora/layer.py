@@ -119,21 +119,20 @@ class LoRALinear(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         """y = base(x) + scale * (x A^T) B^T, the update added into the base's output in place (computed on the
-        flattened rows, so the output is no view), inside the second GEMM for shared B (addmm_); the scale multiplies
-        nothing larger than the factors. Factors in another dtype than the base's (float32 on bfloat16): added."""
+        flattened rows, so the output is no view), inside the second GEMM whenever B is shared (addmm_, also under
+        per-party A); the scale multiplies nothing larger than the factors. Factors in another dtype than the base's
+        (float32 on bfloat16): added."""
         if not self.enabled:
             return self.base(x)
         A, B = self.factors(self.party)
         rows = x.reshape(-1, x.shape[-1])
         y = self.base(rows)
         x = self.dropout(x).to(A.dtype)  # float32 factors on a bfloat16 base: compute the update in float32
-        if isinstance(self.party, Blocks):
-            delta = _apply_blocks(_apply_blocks(x, A, self.party), B, self.party)
-        elif B.dim() == 2 and A.dim() == 2 and y.dtype == A.dtype:
-            return y.addmm_(x.reshape(-1, x.shape[-1]) @ A.T, B.T, alpha=self.scale).reshape(*x.shape[:-1], -1)
-        else:
-            delta = _apply(_apply(x, A), B)
-        delta = delta.reshape(-1, delta.shape[-1])
+        blocks = isinstance(self.party, Blocks)
+        h = _apply_blocks(x, A, self.party) if blocks else _apply(x, A)
+        if B.dim() == 2 and y.dtype == A.dtype:
+            return y.addmm_(h.reshape(-1, h.shape[-1]), B.T, alpha=self.scale).reshape(*x.shape[:-1], -1)
+        delta = (_apply_blocks(h, B, self.party) if blocks else _apply(h, B)).reshape(-1, B.shape[-2])
         y = y.add_(delta, alpha=self.scale) if y.dtype == delta.dtype else y + (self.scale * delta).to(y.dtype)
         return y.reshape(*x.shape[:-1], -1)
 
