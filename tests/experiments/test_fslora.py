@@ -106,7 +106,7 @@ def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
                          intermediate_size=64)).save_pretrained(tiny)
     AutoTokenizer.from_pretrained(package_dir(MINILM_PACKAGE) / "model").save_pretrained(tiny)
     overrides = [f"glue.backbone={tiny}", "glue.device=cpu", "glue.tasks=[RTE]", "glue.budget_task=null",
-                 "glue.max_train=24",
+                 "glue.gate=false", "glue.max_train=24",
                  "glue.lora_blocks=2", "glue.max_length=32", *TOY[:-1], "federation.devices=3",
                  "federation.min_size=2", "ablations.run=false", "theory.run=false",
                  "glue.federation={rounds: 1, momentum: 0.9}", "--no-progress"]

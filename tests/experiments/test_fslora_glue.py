@@ -23,7 +23,8 @@ pytestmark = pytest.mark.real
 GLUE_TOY = [*TOY[:-1], "ablations.run=false", "theory.run=false", "seeds=[0, 1, 2]", "federation.devices=3",
             "federation.min_size=2", "glue.tasks=[SST-2, STS-B]", "glue.budget_task=SST-2", "glue.max_train=40",
             "glue.max_test=40", "glue.lora_blocks=1", "glue.max_length=32", "glue.lr_grid=[0.01, 0.1]",
-            "glue.alpha_grid=[1.0, 8.0]", "glue.federation={rounds: 2, eval_every: 1}", "--no-progress"]
+            "glue.alpha_grid=[1.0, 8.0]", "glue.federation={rounds: 2, eval_every: 1}", "glue.gate=false",
+            "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -102,6 +103,33 @@ def test_the_selection_slice_is_held_out_of_training_and_apart_from_dev():
     assert not fit & select and not (fit | select) & dev
     majority = int(torch.bincount(task.fit.y).argmax())
     assert task.chance == pytest.approx(100 * float(np.mean(task.dev.y.numpy() == majority)))
+
+
+def test_with_the_gate_the_methods_run_only_where_the_references_show_the_task_learned(tmp_path):
+    if shared_data_dir() is None:
+        pytest.skip("../shared/data not found")
+    gated = [o for o in GLUE_TOY[:-1] if not o.startswith(("glue.tasks", "glue.lr_grid", "glue.alpha_grid",
+                                                           "glue.gate"))]
+    overrides = [*gated, "glue.tasks=[SST-2]", "glue.lr_grid=[0.1]", "glue.alpha_grid=[8.0]", "--no-progress"]
+    assert main(["run", str(config_path("fslora", quick=True)), *overrides, "--out", str(tmp_path)]) == 0
+    summary, records = read(tmp_path)
+    learned = {c["name"]: c for c in summary["claims"]}[glue.LEARNED.name]
+    ran = summary["metrics"]["glue_methods_ran"]["SST-2"]
+    assert ran == bool(glue.learned_tasks(learned, ["SST-2"]))  # one task: its own cells are the whole claim
+    methods = {r["method"] for r in records if r.get("problem") == "SST-2" and r["experiment"] == "E1"}
+    assert methods == (set(glue.ARMS) if ran else set(glue.REFERENCES))
+    e2 = {c["name"]: c for c in summary["claims"]}[glue.GLUE_EQUAL_BUDGET.name]
+    assert ("not_run" in e2["measured"]) == (not ran)
+    assert ran or any("did not run on SST-2" in n for n in summary["notes"])
+
+
+def test_which_tasks_and_arms_run_leaves_the_cached_runs_valid():
+    cfg = load_config(config_path("fslora", quick=True), GLUE_TOY[:-1])[2]
+    other = cfg.model_copy(update={"glue": cfg.glue.model_copy(update={"gate": True, "tasks": ["SST-2"],
+                                                                     "budget_task": None})})
+    assert glue.glue_fingerprint(other) == glue.glue_fingerprint(cfg)
+    dropout = cfg.model_copy(update={"glue": cfg.glue.model_copy(update={"dropout": 0.2})})
+    assert glue.glue_fingerprint(dropout) != glue.glue_fingerprint(cfg)  # a setting that changes the numbers
 
 
 def test_learned_tasks_needs_both_floors_confirmed():

@@ -60,6 +60,7 @@ class GlueConfig(Strict):
     alpha_grid: Grid[PositiveFloat] = [8.0]
     select_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2  # of the training examples, held out to choose lr
     budget_task: str | None = None  # E2 (equal upload budget) on this task too
+    gate: bool = True  # the five methods run only on tasks whose references show them learned (glue.py)
     device: str = "cpu"
     federation: dict[str, float | int] = {}  # overrides of the federation section for GLUE, e.g. {rounds: 10}
 

@@ -72,7 +72,8 @@ def e1_part(cfg: Config, run_path: Path, progress: bool = True) -> Part:
         main_problems.append(commonsense_e1(cfg, e1, runner, notes))
     plot_e1(runner.records, plots, [p for p, _ in synthetic] + cfg.glue.tasks)
     text = [*cfg.glue.tasks, *(["commonsense"] if cfg.commonsense.configured else [])]
-    table_rows = [p for p, _ in synthetic] + [r for t in text for r in (t, f"{t} (MCC)") if (r, "fslora") in e1.scores]
+    table_rows = [p for p, _ in synthetic] + [r for t in text for r in (t, f"{t} (MCC)")
+                                              if any((r, arm) in e1.scores for arm in ARMS)]
     notes.append(score_table(e1.scores, [(r, r) for r in table_rows], PAPER_TABLE,
                              "E1 final scores (mean ± std over seeds; GLUE: dev accuracy as the paper reports, CoLA's "
                              "Matthews corr. x 100 on its own row, STS-B Pearson x 100; centralised and frozen: the "

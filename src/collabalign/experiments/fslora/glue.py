@@ -2,10 +2,13 @@
 
 Per task, each arm's learning rate and LoRA alpha are chosen from one grid on a held-out slice of the task's
 training examples (the dev split it is scored on is never looked at), on the first seed. Then every arm runs over the
-seeds and is scored on the dev split: the five federated methods, centralised LoRA (one party holding every training
+seeds and is scored on the dev split: first the references, centralised LoRA (one party holding every training
 example, with the federation's total steps per round) and the frozen backbone with a trained head; chance is the
 majority class of the training examples (STS-B: Pearson 0). A task is learned when centralised LoRA is above chance
-and above the frozen head; the methods are ranked only on learned tasks. E2 runs on one GLUE task when configured.
+and above the frozen head; the methods are ranked only on learned tasks, so with `glue.gate` the five federated
+methods run only on a task whose own two cells confirm it (a task that cannot order them costs no method runs; the
+claim over every task, Holm over all cells, is stricter, so every task it confirms has them). E2 runs on one GLUE
+task when configured.
 Every run is cached in the run folder, so a long main run that stops continues where it stopped."""
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from collabalign.claims import superiority
+from collabalign.claims import not_run, superiority
 from collabalign.data import shared_data_dir
 from collabalign.experiments.fslora.config import Config
 from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices, score
@@ -110,14 +113,14 @@ def arm_run(runner: Runner, task: GlueTask, arm: str, seed: int, point: Point, o
     return runner.run(tag, problem, clients, spec, seed)
 
 
-def choose(cfg: Config, runner: Runner, task: GlueTask) -> dict[str, dict[Point, float]]:
-    """Every arm at every grid point on the first seed, scored on the selection slice: arm -> {point: score}; a run
+def choose(cfg: Config, runner: Runner, task: GlueTask, arms: tuple[str, ...]) -> dict[str, dict[Point, float]]:
+    """Each arm at every grid point on the first seed, scored on the selection slice: arm -> {point: score}; a run
     that diverges (its round fails: every reply non-finite) scores NaN. A one-point grid needs no runs."""
     points = grid(cfg)
     if len(points) == 1:
-        return {arm: {points[0]: float("nan")} for arm in ARMS}
+        return {arm: {points[0]: float("nan")} for arm in arms}
     out: dict[str, dict[Point, float]] = {}
-    for arm in ARMS:
+    for arm in arms:
         out[arm] = {}
         for point in points:
             run_at = Point(point.lr, points[0].alpha) if arm == "frozen" else point  # no LoRA: alpha changes nothing
@@ -135,27 +138,43 @@ def glue_e1(cfg: Config, e1: E1Scores, runner: Runner, notes: list[str]) -> dict
     """Chooses each arm's grid point and runs every arm and seed on each GLUE task (and E2 on glue.budget_task);
     returns the learned claim's record, the E2 claim's (None without a budget task) and the GLUE part's metrics."""
     backbone = load_backbone(cfg.glue.backbone)
-    choices, chance, plateau, e2 = {}, {}, {}, None
+    choices, chance, plateau, gated, e2 = {}, {}, {}, {}, None
     for name in cfg.glue.tasks:
         task = load_task(cfg, name, backbone, runner)
-        scores = choose(cfg, runner, task)
-        chosen = {arm: best(by_point) for arm, by_point in scores.items()}
-        choices[name] = {arm: {"lr": chosen[arm].lr, "lora_alpha": chosen[arm].alpha,
-                               "selection_scores": {str(p): None if np.isnan(v) else round(v, 2)
-                                                    for p, v in scores[arm].items()}} for arm in ARMS}
         chance[name] = task.chance
         e1.scores[name, "chance"] = [task.chance] * len(cfg.seeds)  # a constant: the table's floor column
-        for seed in cfg.seeds:
-            for arm in ARMS:
-                e1.record(name, arm, arm_run(runner, task, arm, seed, chosen[arm], "dev"))
+        choices[name] = run_arms(cfg, runner, task, e1, REFERENCES)
         plateau[name] = last_quarter_gain(runner.records, name)
+        gated[name] = not cfg.glue.gate or bool(learned_tasks(decide_learned(e1, {name: task.chance}), [name]))
         if name == cfg.glue.budget_task:
-            e2 = equal_budget(cfg, runner, task, e1, chosen["fslora"])
+            e2 = not_run(GLUE_EQUAL_BUDGET, f"{name} is not shown to be learned (glue.gate)")
+        if gated[name]:
+            choices[name] |= run_arms(cfg, runner, task, e1, METHODS)
+            if name == cfg.glue.budget_task:
+                e2 = equal_budget(cfg, runner, task, e1, Point(choices[name]["fslora"]["lr"],
+                                                               choices[name]["fslora"]["lora_alpha"]))
     notes.append(selection_table(cfg, choices, chance, plateau))
+    if not all(gated.values()):
+        notes.append("The five methods did not run on " + ", ".join(t for t, ran in gated.items() if not ran)
+                     + ": centralised LoRA was not shown above chance and the frozen head there (the task's own two "
+                     "cells, Holm), so the task cannot order the methods (glue.gate).")
     learned = decide_learned(e1, chance)
     metrics = {"glue_grid": [str(p) for p in grid(cfg)], "glue_choice": choices, "glue_chance": chance,
-               "glue_centralised_last_quarter_gain": plateau}
+               "glue_centralised_last_quarter_gain": plateau, "glue_methods_ran": gated}
     return {"learned": learned, "e2": e2, "metrics": metrics}
+
+
+def run_arms(cfg: Config, runner: Runner, task: GlueTask, e1: E1Scores, arms: tuple[str, ...]) -> dict[str, dict]:
+    """Chooses each arm's grid point on the selection slice and runs it over the seeds on dev (recorded in `e1`);
+    returns arm -> {lr, lora_alpha, selection_scores}."""
+    scores = choose(cfg, runner, task, arms)
+    chosen = {arm: best(by_point) for arm, by_point in scores.items()}
+    for seed in cfg.seeds:
+        for arm in arms:
+            e1.record(task.name, arm, arm_run(runner, task, arm, seed, chosen[arm], "dev"))
+    return {arm: {"lr": chosen[arm].lr, "lora_alpha": chosen[arm].alpha,
+                  "selection_scores": {str(p): None if np.isnan(v) else round(v, 2) for p, v in scores[arm].items()}}
+            for arm in arms}
 
 
 def equal_budget(cfg: Config, runner: Runner, task: GlueTask, e1: E1Scores, point: Point) -> dict:
@@ -224,7 +243,7 @@ def selection_table(cfg: Config, choices: dict, chance: dict, plateau: dict) -> 
 
 
 def glue_fingerprint(cfg: Config) -> str:
-    """Every setting that changes a GLUE run's numbers (not which tasks or seeds run)."""
-    return fingerprint({"glue": cfg.glue.model_dump(mode="json", exclude={"tasks", "budget_task"}),
+    """Every setting that changes a GLUE run's numbers (not which tasks, seeds or arms run)."""
+    return fingerprint({"glue": cfg.glue.model_dump(mode="json", exclude={"tasks", "budget_task", "gate"}),
                         "federation": cfg.glue_federation().model_dump(mode="json"),
                         "budget_ratio": cfg.ablations.budget_ratio})
