@@ -94,9 +94,9 @@ def device_step(seeds, problem, clients, title: str) -> None:
         problem.local_train(None, head_of(messages[rank]), 1.0, None, ctx.data, ctx.torch_rng)
 
     candidates = {k: (lambda k=k: runs[k].device(cid, messages[k], 1)) for k in runs} | {"off": lora_off}
-    embeddings = getattr(getattr(problem.model, "pooled", None), "backbone", None)
-    if embeddings is not None:
-        candidates["backprop"] = lambda: with_backprop(embeddings.embeddings, lora_off)
+    backbone = getattr(getattr(problem.model, "pooled", None), "backbone", None)  # the real model's encoder
+    if backbone is not None:
+        candidates["backprop"] = lambda: with_backprop(backbone.embeddings, lora_off)
     times = compare(candidates, rounds=7 if title.startswith("real") else 15)
     full, floor = times[rank], times.get("backprop", times["off"])
     print(f"{title}: one device's FSLoRA client_update, {problem.sgd.steps} SGD steps x batch "

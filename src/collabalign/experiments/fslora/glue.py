@@ -146,13 +146,13 @@ def glue_e1(cfg: Config, e1: E1Scores, runner: Runner, notes: list[str]) -> dict
         choices[name] = run_arms(cfg, runner, task, e1, REFERENCES)
         plateau[name] = last_quarter_gain(runner.records, name)
         gated[name] = not cfg.glue.gate or bool(learned_tasks(decide_learned(e1, {name: task.chance}), [name]))
-        if name == cfg.glue.budget_task:
-            e2 = not_run(GLUE_EQUAL_BUDGET, f"{name} is not shown to be learned (glue.gate)")
         if gated[name]:
             choices[name] |= run_arms(cfg, runner, task, e1, METHODS)
-            if name == cfg.glue.budget_task:
-                e2 = equal_budget(cfg, runner, task, e1, Point(choices[name]["fslora"]["lr"],
-                                                               choices[name]["fslora"]["lora_alpha"]))
+        if name == cfg.glue.budget_task and gated[name]:
+            fslora = choices[name]["fslora"]
+            e2 = equal_budget(cfg, runner, task, e1, Point(fslora["lr"], fslora["lora_alpha"]))
+        elif name == cfg.glue.budget_task:
+            e2 = not_run(GLUE_EQUAL_BUDGET, f"{name} is not shown to be learned (glue.gate)")
     notes.append(selection_table(cfg, choices, chance, plateau))
     if not all(gated.values()):
         notes.append("The five methods did not run on " + ", ".join(t for t, ran in gated.items() if not ran)
