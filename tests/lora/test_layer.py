@@ -54,6 +54,22 @@ def test_per_sample_routing_equals_each_party_alone(pa, pb, sliced):
 
 
 @pytest.mark.parametrize("pa, pb", [(4, 4), (None, 4), (4, None)])
+def test_per_sample_routing_gradients_equal_the_sum_over_parties_alone(pa, pb):
+    layer = make_layer(pa, pb).double()
+    x = torch.randn(9, 3, 12, dtype=torch.float64)
+    party = torch.tensor([0, 3, 1, 1, 2, 0, 3, 2, 2])  # unsorted, party 1 twice in a row
+    weights = torch.linspace(-1, 1, 9 * 3 * 10, dtype=torch.float64).view(9, 3, 10)
+    layer.route(party)
+    (layer(x) * weights).sum().backward()
+    mixed = layer.A.grad.clone(), layer.B.grad.clone()
+    layer.zero_grad()
+    for p in range(4):
+        layer.route(p)
+        (layer(x[party == p]) * weights[party == p]).sum().backward()
+    torch.testing.assert_close(mixed, (layer.A.grad, layer.B.grad), rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("pa, pb", [(4, 4), (None, 4), (4, None)])
 @pytest.mark.parametrize("sliced", [False, True])
 def test_block_routing_equals_row_routing_with_gradients(pa, pb, sliced):
     layer = make_layer(pa, pb).double()

@@ -169,10 +169,33 @@ def _gather(w: Tensor, party: Party, idx: Tensor | None, rank_dim: int, name: st
         return w if idx is None else w.index_select(rank_dim - 1, idx)
     party = party.to(w.device)
     if idx is None:
-        return w.index_select(0, party)
+        return _TakeRows.apply(w, party)
     if rank_dim == 1:  # A: (P, r, in) -> (N, k, in)
         return w[party[:, None], idx[None, :]]
     return w[party[:, None, None], torch.arange(w.shape[1], device=w.device)[None, :, None], idx[None, None, :]]
+
+
+class _TakeRows(torch.autograd.Function):
+    """w.index_select(0, rows) whose backward sums the per-row gradients into w's rows from a contiguous source.
+
+    The per-sample matmuls hand back the factors' gradients as transposed views; index_add_ from such a view is a
+    strided scatter 5x slower than from contiguous memory, so the sum runs over the transpose, into a transposed
+    buffer, when that is contiguous (measured in benchmarks/lora_routing.py: the gathers' backward was 9% of a step).
+    """
+
+    @staticmethod
+    def forward(ctx, w: Tensor, rows: Tensor) -> Tensor:
+        ctx.save_for_backward(rows)
+        ctx.shape = w.shape
+        return w.index_select(0, rows)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:
+        (rows,) = ctx.saved_tensors
+        if grad.dim() == 3 and not grad.is_contiguous() and grad.transpose(1, 2).is_contiguous():
+            p, a, b = ctx.shape
+            return grad.new_zeros(p, b, a).index_add_(0, rows, grad.transpose(1, 2)).transpose(1, 2), None
+        return grad.new_zeros(ctx.shape).index_add_(0, rows, grad.contiguous()), None
 
 
 def _apply(x: Tensor, w: Tensor) -> Tensor:
