@@ -26,7 +26,7 @@ case $what in
         piece fslora-synthetic fslora-main fslora_synthetic_runs -- fslora/main "glue.tasks=[]" ;;
     fslora-glue)
         for task in "$@"; do
-            budget=null; [ "$task" = SST-2 ] && budget=SST-2  # E2 on GLUE runs with SST-2
+            budget=null; [ "$task" = STS-B ] && budget=STS-B  # E2 on GLUE runs with STS-B (main.yaml glue.budget_task)
             piece "fslora-$task" fslora-main fslora_synthetic_runs fslora_glue_runs -- fslora/main \
                 "glue.tasks=[$task]" glue.budget_task=$budget ablations.run=false theory.run=false
         done ;;
