@@ -8,6 +8,8 @@ import pytest
 from collabalign.claims import VERDICTS
 from collabalign.cli import CONFIG_DIR, config_path, load_config, main
 from collabalign.experiments.fslora import ablations, e1_comparison, e6_timing, glue, theory
+from collabalign.experiments.fslora.runner import Runner
+from collabalign.federation.engine import RoundFailed
 
 from .toy import run_twice
 
@@ -135,3 +137,19 @@ def test_a_bad_glue_federation_override_is_named_before_any_work(tmp_path, capsy
     assert main(["run", str(path), "glue.federation={rounds: 1, rouds: 2}", "--no-progress", "--out",
                  str(tmp_path)]) == 2
     assert "glue.federation" in capsys.readouterr().err and not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_a_diverged_run_is_saved_and_fails_again_without_running_again(tmp_path, monkeypatch):
+    cfg = load_config(config_path("fslora", quick=True))[2]
+    calls = []
+
+    def diverge(*args):
+        calls.append(args)
+        raise RoundFailed("round 1: 0 valid replies of 5, min_replies = 4")
+
+    for key, runs in (("k", 1), ("k", 1), ("other settings", 2)):
+        runner = Runner(cfg.federation, progress=False, cache=tmp_path, key=key)
+        monkeypatch.setattr(runner, "_simulate", diverge)
+        with pytest.raises(RoundFailed, match="round 1: 0 valid replies"):
+            runner.run({"experiment": "E1", "problem": "toy"}, None, {}, runner.arm("fslora"), 0)
+        assert len(calls) == runs and not runner.records

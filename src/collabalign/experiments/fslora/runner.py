@@ -15,6 +15,7 @@ import torch
 from collabalign.data import dirichlet
 from collabalign.experiments.fslora.config import Config, FederationConfig, SyntheticConfig
 from collabalign.federation import Algorithm, SimulationResult, simulate
+from collabalign.federation.engine import RoundFailed
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, ServerAdam, device_ranks, fedlora, fslora, heterolora
 from collabalign.methods.fslora.common import head_of
@@ -125,14 +126,23 @@ class Runner:
         return Arm(method, self.fed.rank, self.fed.ratios, self.fed.rounds)
 
     def run(self, tag: dict, problem: TorchLoRAProblem, clients: dict, arm: Arm, seed: int) -> RunSummary:
-        compute = partial(self._simulate, tag, problem, clients, arm, seed)
+        """The run's summary; RoundFailed when it diverged (saved like a finished run, so it is not run again)."""
+        compute = partial(self._simulate_or_failure, tag, problem, clients, arm, seed)
         if self.cache is None:
             out = compute()
         else:
             name = "__".join(f"{v}" for v in (*tag.values(), arm.label, arm.rank, arm.rounds, f"seed{seed}"))
             out = cached_json(self.cache / f"{re.sub(r'[^A-Za-z0-9.=-]+', '_', name)}.json", self.key, compute)
+        if "failed" in out:
+            raise RoundFailed(out["failed"])
         self.records.extend(out["records"])
         return RunSummary(out["metrics"], out["timing"])
+
+    def _simulate_or_failure(self, *args) -> dict:
+        try:
+            return self._simulate(*args)
+        except RoundFailed as err:
+            return {"failed": str(err)}
 
     def _simulate(self, tag: dict, problem: TorchLoRAProblem, clients: dict, arm: Arm, seed: int) -> dict:
         ranks = device_ranks(Seeds(seed), list(clients), arm.rank, arm.ratios)
