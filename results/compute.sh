@@ -23,7 +23,7 @@ piece() {  # piece NAME RUN CACHE... -- collabalign run ARGS...: the scratch fol
 what=$1; shift
 case $what in
     fslora-synthetic)
-        piece fslora-synthetic fslora-main fslora_synthetic_runs -- fslora/main "glue.tasks=[]" ;;
+        piece fslora-synthetic fslora-main fslora_synthetic_runs -- fslora/main "glue.tasks=[]" glue.budget_task=null ;;
     fslora-glue)
         for task in "$@"; do
             budget=null; [ "$task" = STS-B ] && budget=STS-B  # E2 on GLUE runs with STS-B (main.yaml glue.budget_task)
