@@ -26,9 +26,11 @@ case $what in
         piece fslora-synthetic fslora-main fslora_synthetic_runs -- fslora/main "glue.tasks=[]" glue.budget_task=null ;;
     fslora-glue)
         for task in "$@"; do
+            # ablations stay on: their settings are in the synthetic runs' key, so turning them off would recompute
+            # (and overwrite) the synthetic E1 runs under another key; once fslora-synthetic ran, they are all cached
             budget=null; [ "$task" = STS-B ] && budget=STS-B  # E2 on GLUE runs with STS-B (main.yaml glue.budget_task)
             piece "fslora-$task" fslora-main fslora_synthetic_runs fslora_glue_runs -- fslora/main \
-                "glue.tasks=[$task]" glue.budget_task=$budget ablations.run=false theory.run=false
+                "glue.tasks=[$task]" glue.budget_task=$budget theory.run=false
         done ;;
     pshare-text)
         for source in "$@"; do
