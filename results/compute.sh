@@ -20,6 +20,10 @@ piece() {  # piece NAME RUN CACHE... -- collabalign run ARGS...: the scratch fol
     echo "== $name done $(date -u +%H:%M:%S)"
 }
 
+main_budget_task() {  # glue.budget_task of fslora/main.yaml, read from the config so it is stated once
+    sed -n 's/^ *budget_task: *\([^ #]*\).*/\1/p' src/collabalign/configs/fslora/main.yaml
+}
+
 what=$1; shift
 case $what in
     fslora-synthetic)
@@ -28,7 +32,7 @@ case $what in
         for task in "$@"; do
             # ablations stay on: their settings are in the synthetic runs' key, so turning them off would recompute
             # (and overwrite) the synthetic E1 runs under another key; once fslora-synthetic ran, they are all cached
-            budget=null; [ "$task" = STS-B ] && budget=STS-B  # E2 on GLUE runs with STS-B (main.yaml glue.budget_task)
+            budget=null; [ "$task" = "$(main_budget_task)" ] && budget=$task  # E2 on GLUE runs with that task
             piece "fslora-$task" fslora-main fslora_synthetic_runs fslora_glue_runs -- fslora/main \
                 "glue.tasks=[$task]" glue.budget_task=$budget theory.run=false
         done ;;
