@@ -9,9 +9,10 @@ import pytest
 
 from collabalign.claims import Claim
 from collabalign.cli import config_path, main
-from collabalign.experiments.pshare_lora import bandit, federated, ordering, sweeps
-from collabalign.experiments.pshare_lora.fits import fit
+from collabalign.experiments.pshare_lora import Config, bandit, federated, ordering, sweeps
+from collabalign.experiments.pshare_lora.fits import fit, jobs
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
+from collabalign.runs import RunDir
 
 from ..toy import run_twice
 
@@ -91,13 +92,22 @@ def test_records_cover_every_method_and_seed_and_are_deterministic(toy_runs):
     assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
 
 
-def test_worker_processes_give_the_same_records(toy_runs, tmp_path):
+def test_worker_processes_give_the_same_records_and_a_rerun_reads_the_cached_fits(toy_runs, tmp_path):
     quick = str(config_path("pshare-lora", quick=True))
-    assert main(["run", quick, *TOY[:-1], "workers=2", "bandit.run=false", "federated.run=false", "text.run=false",
-                 "--no-progress", "--out", str(tmp_path)]) == 0
+    args = ["run", quick, *TOY[:-1], "workers=2", "bandit.run=false", "federated.run=false", "text.run=false",
+            "--no-progress", "--out", str(tmp_path), "--force"]
+    assert main(args) == 0
     records = (toy_runs[0] / "metrics.jsonl").read_text().splitlines()
     synthetic = [r for r in records if json.loads(r)["experiment"] == "main" or
                  json.loads(r)["experiment"].startswith("sweep_")]
+    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == synthetic
+    fits = sorted((tmp_path / "pshare_synthetic_fits").iterdir())
+    saved = RunDir(tmp_path).read_config()
+    cfg = Config.model_validate({k: v for k, v in saved.items() if k not in ("experiment", "smoke")})
+    assert len(fits) == len({(p.model_dump_json(), m, s) for p, m, s in jobs(cfg)}) > 9 * 3  # every fit, once
+    stamps = [f.stat().st_mtime_ns for f in fits]
+    assert main(args) == 0  # a stopped or repeated run reads every fit back instead of refitting
+    assert [f.stat().st_mtime_ns for f in fits] == stamps
     assert (tmp_path / "metrics.jsonl").read_text().splitlines() == synthetic
 
 

@@ -23,7 +23,7 @@ def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     part: the §8.3 bandit, the federated variant and the text reward models."""
     parts: list[Part] = []
     if cfg.methods:
-        fits = run_fits(cfg, progress)
+        fits = run_fits(cfg, run_dir, progress)
         comparison = comparison_part(cfg, fits)
         parts += [comparison, sweeps_part(cfg, fits, comparison.metrics["diversity"]["oracle_accuracy"], run_dir)]
     if cfg.bandit.run:

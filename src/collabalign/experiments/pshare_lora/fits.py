@@ -1,5 +1,6 @@
 """Every synthetic fit of the main comparison and the §8.2 sweeps, each distinct (problem, method, seed) once, on
-worker processes (each fit is seeded on its own, so the results do not depend on the number of workers)."""
+worker processes (each fit is seeded on its own, so the results do not depend on the number of workers), each cached
+in the run folder (pshare_synthetic_fits/) so a stopped run continues where it stopped."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import sys
 from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from multiprocessing import get_context
+from pathlib import Path
 
 from collabalign.experiments.pshare_lora.config import Config
 from collabalign.experiments.pshare_lora.sweeps import problems
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig, evaluate, fit_model, generate
+from collabalign.runs import RunDir, cached_json, fingerprint
 from collabalign.seeding import Seeds
 
 Fits = dict[tuple[str, str, int], dict]  # (problem JSON, method, seed) -> held-out metrics
@@ -23,6 +26,12 @@ def fit(problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict
     return {**evaluate(net, truth, test), "train_loss": round(losses[-1], 6), **truth.diversity(problem.k)}
 
 
+def cached_fit(folder: Path, problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict:
+    """`fit`, saved in `folder` under the problem's and the training's settings (read back when saved before)."""
+    name = f"{method}__seed{seed}__{fingerprint(problem.model_dump(mode='json'))}.json"
+    return cached_json(folder / name, fingerprint(tc.model_dump(mode="json")), lambda: fit(problem, tc, method, seed))
+
+
 def jobs(cfg: Config) -> list[tuple[ProblemConfig, str, int]]:
     """The main comparison's fits, then every sweep point's."""
     points = [p for pts in problems(cfg.sweep, cfg.problem).values() for _, p in pts]
@@ -30,14 +39,16 @@ def jobs(cfg: Config) -> list[tuple[ProblemConfig, str, int]]:
     return out + [(p, m, s) for p in points for m in cfg.sweep.methods for s in cfg.sweep_seeds()]
 
 
-def run_fits(cfg: Config, progress: bool) -> Fits:
-    """Every distinct fit of `jobs(cfg)` once, in order, on `cfg.workers` processes."""
+def run_fits(cfg: Config, run_dir: RunDir, progress: bool) -> Fits:
+    """Every distinct fit of `jobs(cfg)` once, in order, on `cfg.workers` processes (cached in the run folder)."""
     keys = list(dict.fromkeys((p.model_dump_json(), m, s) for p, m, s in jobs(cfg)))
-    args = [(ProblemConfig.model_validate_json(p), cfg.train, m, s) for p, m, s in keys]
+    folder = run_dir.path / "pshare_synthetic_fits"
+    folder.mkdir(parents=True, exist_ok=True)
+    args = [(folder, ProblemConfig.model_validate_json(p), cfg.train, m, s) for p, m, s in keys]
     results = {}
     workers = ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) if cfg.workers > 1 else nullcontext()
     with workers as pool:
-        done = (pool.map if pool else map)(fit, *zip(*args, strict=True))
+        done = (pool.map if pool else map)(cached_fit, *zip(*args, strict=True))
         for i, (key, res) in enumerate(zip(keys, done, strict=True)):
             results[key] = res
             if progress and ((i + 1) % 10 == 0 or i + 1 == len(keys)):
