@@ -3,7 +3,8 @@
 # `collabalign run <config> --out results/<run>` reads back (results/README.md). Each piece runs in its own
 # scratch folder under runs/ (its report is discarded) whose cache folder links to the shared one, so pieces
 # can run side by side, one per core, and across sessions.
-# usage: results/compute.sh fslora-synthetic | fslora-glue TASK... | pshare-synthetic | pshare-text SOURCE...
+# usage: results/compute.sh fslora-synthetic | fslora-glue TASK... | pshare-synthetic | pshare-bandit-federated |
+#        pshare-text SOURCE...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg PATH="$PWD/.venv/bin:$PATH"
@@ -39,11 +40,15 @@ case $what in
     pshare-synthetic)  # the main comparison and sweeps; one worker process here, as the text pieces use the others
         piece pshare-synthetic pshare-main pshare_synthetic_fits -- pshare-lora/main workers=1 bandit.run=false \
             federated.run=false text.run=false ;;
+    pshare-bandit-federated)
+        piece pshare-bandit-federated pshare-main pshare_bandit_runs pshare_federated_runs -- pshare-lora/main \
+            "methods=[]" text.run=false ;;
     pshare-text)
         for source in "$@"; do
             piece "pshare-$source" pshare-main pshare_text_fits -- pshare-lora/main "methods=[]" bandit.run=false \
                 federated.run=false "text.sources=[$source]"
         done ;;
-    *) echo "usage: $0 fslora-synthetic | fslora-glue TASK... | pshare-synthetic | pshare-text SOURCE..." >&2
+    *) echo "usage: $0 fslora-synthetic | fslora-glue TASK... | pshare-synthetic | pshare-bandit-federated |" \
+            "pshare-text SOURCE..." >&2
        exit 2 ;;
 esac

@@ -42,6 +42,12 @@ def test_bandit_part_writes_claims_table_and_plots_and_is_deterministic(tmp_path
     saved.write_metrics(a.records)  # the summary is rebuilt from metrics.jsonl alone
     rebuilt = summarise(BANDIT.bandit, saved.read_metrics(), RunDir(tmp_path / "c"))
     assert rebuilt.claims == a.claims and rebuilt.metrics == a.metrics
+    cached = sorted((tmp_path / "a" / "pshare_bandit_runs").iterdir())
+    assert [f.name for f in cached] == ["seed0.json", "seed1.json"]
+    stamps = [f.stat().st_mtime_ns for f in cached]
+    again = bandit_part(BANDIT, RunDir(tmp_path / "a"), progress=False)  # a stopped run continues: read back
+    assert [f.stat().st_mtime_ns for f in cached] == stamps and again.records == a.records
+    assert again.claims == a.claims
     with pytest.raises(ValueError, match="include 0"):
         BanditConfig(zetas=[0.1, "oracle"])
 
@@ -75,6 +81,19 @@ def test_federated_part_writes_its_claims_ledgers_and_plot(toy_federated):
     assert ledgers["fed_local"].total("up") < ledgers["fed_pshare_si"].total("up") < ledgers["fedavg_lora"].total("up")
     assert (paths[0] / "plots" / "federated_accuracy.png").stat().st_size > 1000
     assert json.dumps(part.records, sort_keys=True) == json.dumps(again.records, sort_keys=True)
+
+
+def test_federated_runs_are_cached_and_read_back_with_their_ledgers(toy_federated):
+    paths, (part, _) = toy_federated
+    cached = sorted((paths[0] / "pshare_federated_runs").iterdir())
+    assert len(cached) == len(FEDERATED.federated.methods) * len(FEDERATED.seeds)
+    stamps, ledger = [f.stat().st_mtime_ns for f in cached], (paths[0] / "ledger.csv").read_text()
+    (paths[0] / "ledger.csv").unlink()
+    again = federated_part(FEDERATED, RunDir(paths[0]), progress=False)
+    assert [f.stat().st_mtime_ns for f in cached] == stamps  # read back, not simulated again
+    assert again.records == part.records and again.claims == part.claims and again.metrics == part.metrics
+    assert (paths[0] / "ledger.csv").read_text() == ledger
+    assert all(isinstance(r, int) for rec in again.records for r in rec.get("accuracy_by_round", {}))
 
 
 TEXT = TextConfig(run=True, seeds=[0, 1], users=3, n_train=8, n_test=4, epochs=1, batch_size=8, max_length=40, rank=2,

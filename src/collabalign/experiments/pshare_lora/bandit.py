@@ -35,7 +35,7 @@ from collabalign.methods.pshare_lora.synthetic import (
     fit_model,
     generate,
 )
-from collabalign.runs import Part, RunDir
+from collabalign.runs import Part, RunDir, cached_json, fingerprint
 from collabalign.seeding import Seeds
 
 OURS = ("pshare_si", "pshare_g")
@@ -201,8 +201,13 @@ def mean_of(records: list[dict], key: str, **match: object) -> float:
 
 def bandit_part(cfg: Config, run_dir: RunDir, progress: bool) -> Part:
     """Trains every estimator per (seed, N_p) on the bandit's comparisons (on the main problem's truth), solves the
-    pessimistic policies for every zeta and returns the records, claims (a)–(c), the gap table and plots."""
-    records = [r for seed in cfg.seeds for r in seed_records(cfg.bandit, cfg.problem, seed, progress)]
+    pessimistic policies for every zeta and returns the records, claims (a)–(c), the gap table and plots. Each seed's
+    records are cached in run_dir/pshare_bandit_runs, so a stopped run continues where it stopped."""
+    key = fingerprint({"bandit": cfg.bandit.model_dump(mode="json", exclude={"run"}),
+                       "problem": cfg.problem.model_dump(mode="json")})
+    records = [r for seed in cfg.seeds for r in cached_json(
+        run_dir.path / "pshare_bandit_runs" / f"seed{seed}.json", key,
+        lambda seed=seed: {"records": seed_records(cfg.bandit, cfg.problem, seed, progress)})["records"]]
     return summarise(cfg.bandit, records, run_dir)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from torch import nn
 
 from collabalign.claims import equivalence, exact, not_run, superiority
-from collabalign.comm import Message
+from collabalign.comm import Ledger, Message
 from collabalign.experiments.pshare_lora.config import Config, FederatedConfig
 from collabalign.experiments.pshare_lora.plots import federated_plot
 from collabalign.federation import SimulationResult, simulate
@@ -40,7 +40,7 @@ from collabalign.methods.pshare_lora.synthetic import (
     model_for,
 )
 from collabalign.methods.pshare_lora.train import Prefs
-from collabalign.runs import Part, RunDir
+from collabalign.runs import Part, RunDir, cached_json, fingerprint
 from collabalign.seeding import Seeds
 
 FEDERATED = ("fed_pshare_si", "fed_pshare_wu", "fed_pshare_g", "fedavg_lora", "fed_local")
@@ -170,26 +170,39 @@ def table(acc: dict[str, dict[str, list]], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
+def run_method(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int, progress: bool) -> dict:
+    """One method on one seed's problem: its metrics ("res") and, for a federated one, its ledger's rows."""
+    problem = generate(p, seed)
+    if method in CENTRAL:
+        return {"res": run_central(CENTRAL[method], cfg, p, seed, problem)}
+    delta = problem[0].delta
+    max_norm = cfg.norm_slack * float(delta.flatten(1).norm(dim=1).max()) if cfg.norm_projection else None
+    res, result = run_federated(method, cfg, p, seed, problem, max_norm, progress)
+    return {"res": res, "ledger": result.ledger.rows}
+
+
 def federated_part(config: Config, run_dir: RunDir, progress: bool) -> Part:
     """Every method on the main problem's data per seed: records, claims, table, the first seed's ledgers and an
-    accuracy plot."""
+    accuracy plot. Each (method, seed) is cached in run_dir/pshare_federated_runs, so a stopped run continues."""
     cfg, p, seeds = config.federated, config.problem, config.seeds
     unknown = [m for m in cfg.methods if m not in FEDERATED and m not in CENTRAL]
     if unknown:
         raise ValueError(f"unknown methods {unknown}; known: {', '.join((*FEDERATED, *CENTRAL))}")
     acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     records, ledgers = [], {}
+    settings = fingerprint({"federated": cfg.model_dump(mode="json", exclude={"run", "methods"}),
+                            "problem": p.model_dump(mode="json")})  # each (method, seed) cached under it
     for seed in seeds:
-        problem = generate(p, seed)
-        truth = problem[0]
-        max_norm = cfg.norm_slack * float(truth.delta.flatten(1).norm(dim=1).max()) if cfg.norm_projection else None
         for method in cfg.methods:
-            if method in CENTRAL:
-                res = run_central(CENTRAL[method], cfg, p, seed, problem)
-            else:
-                res, result = run_federated(method, cfg, p, seed, problem, max_norm, progress)
-                if seed == seeds[0]:
-                    ledgers[method] = result.ledger
+            saved = cached_json(run_dir.path / "pshare_federated_runs" / f"{method}__seed{seed}.json", settings,
+                                partial(run_method, method, cfg, p, seed, progress))
+            res = saved["res"]
+            if "accuracy_by_round" in res:  # rounds back from JSON's string keys
+                res["accuracy_by_round"] = {int(r): a for r, a in res["accuracy_by_round"].items()}
+            if "ledger" in saved and seed == seeds[0]:
+                ledgers[method] = Ledger()
+                for row in saved["ledger"]:
+                    ledgers[method].record(*row)
             records.append({"experiment": "federated", "method": method, "seed": seed, **res})
             for key, value in res.items():
                 acc[method][key].append(value)
