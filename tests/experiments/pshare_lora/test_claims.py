@@ -7,6 +7,7 @@ import pytest
 from collabalign.experiments.pshare_lora import bandit, ordering, sweeps
 from collabalign.experiments.pshare_lora.config import FederatedConfig
 from collabalign.experiments.pshare_lora.federated import claims_for
+from collabalign.experiments.pshare_lora.text import learned_claim
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig
 
 SI = [0.70, 0.72, 0.71, 0.73, 0.69]
@@ -51,6 +52,18 @@ def test_missing_methods_leave_the_claim_recorded_as_not_run():
     assert missing["verdict"] == "inconclusive" and missing["n"] == 0 and "P-ShareLoRA (G)" in missing["measured"][
         "not_run"]
     assert claims["HH-RLHF: P-ShareLoRA (SI) > LoRA-global"]["n"] == 5
+
+
+def test_a_source_is_learned_only_above_both_chance_and_the_frozen_backbone():
+    base = np.array(SI)
+    above = learned_claim({"global": list(base), "frozen": list(base - 0.1 + NOISE)}, "HH-RLHF")
+    assert above["name"].startswith("HH-RLHF: the source is learned") and above["verdict"] == "reproduced"
+    assert above["holm"] == {"confirmed": 2, "refuted": 0, "cells": 2}
+    frozen_as_good = learned_claim({"global": list(base), "frozen": list(base + 0.02 + NOISE)}, "HH-RLHF")
+    assert frozen_as_good["verdict"] == "not reproduced" and frozen_as_good["worst_cell"] == "> frozen"
+    at_chance = learned_claim({"global": list(0.5 + NOISE), "frozen": list(0.4 + NOISE[::-1])}, "HH-RLHF")
+    assert at_chance["verdict"] == "inconclusive" and at_chance["cells"]["> frozen"]["confirmed"]
+    assert learned_claim({"global": SI}, "HH-RLHF")["measured"]["not_run"]
 
 
 def curve(values, metric_fn, seeds=5, noise=0.02):

@@ -11,7 +11,7 @@ from collabalign.experiments.pshare_lora.bandit import bandit_part, summarise
 from collabalign.experiments.pshare_lora.config import BanditConfig, FederatedConfig, TextConfig
 from collabalign.experiments.pshare_lora.federated import federated_part
 from collabalign.experiments.pshare_lora.ordering import CLAIMS
-from collabalign.experiments.pshare_lora.text import text_part
+from collabalign.experiments.pshare_lora.text import LEARNED, text_part
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
 from collabalign.runs import RunDir
 from tests.data.helpers import write_hh
@@ -97,7 +97,7 @@ def test_federated_runs_are_cached_and_read_back_with_their_ledgers(toy_federate
 
 
 TEXT = TextConfig(run=True, seeds=[0, 1], users=3, n_train=8, n_test=4, epochs=1, batch_size=8, max_length=40, rank=2,
-                  methods=["global", "local", "share_rep", "share_rep_same_head", "pshare_si", "pshare_g"])
+                  methods=["global", "frozen", "local", "share_rep", "share_rep_same_head", "pshare_si", "pshare_g"])
 
 
 @pytest.fixture(scope="module")
@@ -117,18 +117,21 @@ def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_di
     parts = [text_part(cfg, RunDir(tmp_path / f"run{k}"), False, backbone) for k in range(2)]
     assert parts[0].records == parts[1].records
     assert {r["seed"] for r in parts[0].records} == {0, 1}  # the text seeds override the experiment's
-    assert len(parts[0].records) == 2 * 6 * 2  # sources x methods x seeds
+    assert len(parts[0].records) == 2 * 7 * 2  # sources x methods x seeds
     assert {r["method"] for r in parts[0].records} == set(TEXT.methods)
     names = [c["name"] for c in parts[0].claims]
-    assert names == [f"{source}: {c.name}" for source in ("TL;DR-like", "HH-RLHF") for c in CLAIMS]
+    assert names == [f"{source}: {c.name}" for source in ("TL;DR-like", "HH-RLHF") for c in (LEARNED, *CLAIMS)]
     by_name = dict(zip(names, parts[0].claims, strict=True))
+    learned = by_name[f"HH-RLHF: {LEARNED.name}"]  # decided before the ordering: above chance and the frozen head
+    assert learned["n"] == 2 and set(learned["cells"]) == {"> chance", "> frozen"}
     # the paper's Share Rep is a baseline of the declared claims; its same-head variant is not
     assert set(by_name["HH-RLHF: P-ShareLoRA (G) beats every baseline"]["cells"]) == {"LoRA-global", "LoRA-local",
                                                                                       "Share Rep"}
     assert by_name["HH-RLHF: P-ShareLoRA (SI) > LoRA-local"]["n"] == 2  # two seeds: decided, inconclusive
     assert by_name["HH-RLHF: P-ShareLoRA (WU) >= P-ShareLoRA (SI)"]["measured"]["not_run"]
     notes = "\n".join(parts[0].notes)
-    assert "| Share Rep | " in notes and "| Share Rep (same head) | " in notes and "| oracle | " in notes
+    assert "| frozen backbone (trained head) | " in notes and "| Share Rep | " in notes
+    assert "| Share Rep (same head) | " in notes and "| oracle | " in notes
     assert "labeler 2" in notes and "formality" in notes
     assert parts[0].metrics["text_hh"].keys() >= {"Share Rep", "Share Rep (same head)"}
     for source in ("tldr_like", "hh"):

@@ -9,7 +9,7 @@ import pytest
 
 from collabalign.claims import Claim
 from collabalign.cli import config_path, main
-from collabalign.experiments.pshare_lora import Config, bandit, federated, ordering, sweeps
+from collabalign.experiments.pshare_lora import Config, bandit, federated, ordering, sweeps, text
 from collabalign.experiments.pshare_lora.fits import fit, jobs
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
 from collabalign.runs import RunDir
@@ -48,13 +48,13 @@ def test_quick_config_is_found_by_the_experiment_name():
 def test_every_declared_claim_is_in_the_summary_with_its_rule(toy_runs):
     summary = json.loads((toy_runs[0] / "summary.json").read_text())
     records = summary["claims"]
-    claims = declared(ordering, sweeps, bandit, federated)
-    assert len(claims) == 7 + 12 + 5 + 3
+    claims = declared(ordering, sweeps, bandit, federated, text)
+    assert len(claims) == 7 + 12 + 5 + 3 + 1
     for claim in claims:
         found = [r for r in records if claim.name in r["name"]]
         assert found, claim.name
         assert all(r["rule"] == claim.rule and r["post_hoc"] == claim.post_hoc for r in found), claim.name
-    assert sum("TL;DR-like: " in r["name"] for r in records) == len(ordering.CLAIMS)
+    assert sum("TL;DR-like: " in r["name"] for r in records) == 1 + len(ordering.CLAIMS)  # learned, then order
     assert {r["verdict"] for r in records} <= {"reproduced", "not reproduced", "inconclusive"}
     assert all({"rule", "n", "estimate", "interval", "margin", "post_hoc", "measured"} <= set(r) for r in records)
     g_beats = next(r for r in records if r["name"] == "P-ShareLoRA (G) beats every baseline")

@@ -155,6 +155,14 @@ def test_share_rep_trains_only_the_top_blocks_per_user_from_the_first_step(backb
         assert not torch.allclose(weight[0] - head[0], weight[1] - head[1])
 
 
+def test_frozen_backbone_trains_only_its_one_score_head(backbone):
+    model, initial, head, phases = train_share_rep(backbone, "frozen")
+    assert len(phases) == 1 and model.pooled.head.weight.shape[0] == 1
+    for layer, (a, b) in zip(model.lora, initial, strict=True):  # every LoRA layer: untouched, a zero update
+        assert not layer.A.requires_grad and torch.equal(layer.A, a) and torch.equal(layer.B, b) and not b.any()
+    assert not torch.equal(model.pooled.head.weight, head)
+
+
 def test_phased_ablation_trains_globally_then_only_the_top_blocks_per_user(backbone):
     cache3 = encode(backbone, generate(3, 6, 0, seed=1).texts, 48, lora_blocks=3)
     model = model_for(backbone, cache3, per_user_head="share_rep_phased" in PER_USER_HEAD)

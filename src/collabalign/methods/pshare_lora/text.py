@@ -1,9 +1,9 @@
 """The P-ShareLoRA text reward model (spec §8.4): a MiniLM-style encoder with LoRA on `query` and `key` of its top
 blocks, the frozen blocks below run once per text and cached, mean pooling and a scalar score head that is shared
-(global, P-ShareLoRA, share-A, Share Rep's same-head variant) or one per user (LoRA-local, Share Rep and its phased
-ablation; spec §9.5: the paper's "personalized heads"), routed per sample like the LoRA factors. The model's input
-is a tensor of row indices into the cached texts, so `Prefs(users, chosen_rows, rejected_rows)` trains with the
-method-agnostic `prepare / schedule / train` unchanged."""
+(global, P-ShareLoRA, share-A, Share Rep's same-head variant, the frozen backbone) or one per user (LoRA-local, Share
+Rep and its phased ablation; spec §9.5: the paper's "personalized heads"), routed per sample like the LoRA factors.
+The model's input is a tensor of row indices into the cached texts, so `Prefs(users, chosen_rows, rejected_rows)`
+trains with the method-agnostic `prepare / schedule / train` unchanged."""
 
 from __future__ import annotations
 
