@@ -60,9 +60,9 @@ def test_a_source_is_learned_only_above_both_chance_and_the_frozen_backbone():
     assert above["name"].startswith("HH-RLHF: the source is learned") and above["verdict"] == "reproduced"
     assert above["holm"] == {"confirmed": 2, "refuted": 0, "cells": 2}
     frozen_as_good = learned_claim({"global": list(base), "frozen": list(base + 0.02 + NOISE)}, "HH-RLHF")
-    assert frozen_as_good["verdict"] == "not reproduced" and frozen_as_good["worst_cell"] == "> frozen"
+    assert frozen_as_good["verdict"] == "not reproduced" and frozen_as_good["worst_cell"] == "frozen"
     at_chance = learned_claim({"global": list(0.5 + NOISE), "frozen": list(0.4 + NOISE[::-1])}, "HH-RLHF")
-    assert at_chance["verdict"] == "inconclusive" and at_chance["cells"]["> frozen"]["confirmed"]
+    assert at_chance["verdict"] == "inconclusive" and at_chance["cells"]["frozen"]["confirmed"]
     assert learned_claim({"global": SI}, "HH-RLHF")["measured"]["not_run"]
 
 

@@ -123,7 +123,7 @@ def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_di
     assert names == [f"{source}: {c.name}" for source in ("TL;DR-like", "HH-RLHF") for c in (LEARNED, *CLAIMS)]
     by_name = dict(zip(names, parts[0].claims, strict=True))
     learned = by_name[f"HH-RLHF: {LEARNED.name}"]  # decided before the ordering: above chance and the frozen head
-    assert learned["n"] == 2 and set(learned["cells"]) == {"> chance", "> frozen"}
+    assert learned["n"] == 2 and set(learned["cells"]) == {"chance", "frozen"}
     # the paper's Share Rep is a baseline of the declared claims; its same-head variant is not
     assert set(by_name["HH-RLHF: P-ShareLoRA (G) beats every baseline"]["cells"]) == {"LoRA-global", "LoRA-local",
                                                                                       "Share Rep"}

@@ -200,7 +200,7 @@ def learned_claim(accuracy: dict[str, list[float]], name: str) -> dict:
     if "global" not in accuracy or "frozen" not in accuracy:
         return not_run(claim, "needs LoRA-global and the frozen backbone (text.methods: global, frozen)")
     trained, frozen = np.asarray(accuracy["global"]), np.asarray(accuracy["frozen"])
-    return claim.decide_cells({"> chance": (trained, np.full_like(trained, 0.5)), "> frozen": (trained, frozen)},
+    return claim.decide_cells({"chance": (trained, np.full_like(trained, 0.5)), "frozen": (trained, frozen)},
                               mean_accuracy={"LoRA-global": float(trained.mean()), "frozen": float(frozen.mean())})
 
 
