@@ -7,7 +7,7 @@ import pytest
 from collabalign.experiments.pshare_lora import bandit, ordering, sweeps
 from collabalign.experiments.pshare_lora.config import FederatedConfig
 from collabalign.experiments.pshare_lora.federated import claims_for
-from collabalign.experiments.pshare_lora.text import learned_claim
+from collabalign.experiments.pshare_lora.text import LEARNED_PERSONAL, learned_claim
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig
 
 SI = [0.70, 0.72, 0.71, 0.73, 0.69]
@@ -64,6 +64,9 @@ def test_a_source_is_learned_only_above_both_chance_and_the_frozen_backbone():
     at_chance = learned_claim({"global": list(0.5 + NOISE), "frozen": list(0.4 + NOISE[::-1])}, "HH-RLHF")
     assert at_chance["verdict"] == "inconclusive" and at_chance["cells"]["frozen"]["confirmed"]
     assert learned_claim({"global": SI}, "HH-RLHF")["measured"]["not_run"]
+    personal = learned_claim({"global": list(base), "local": list(base - 0.1), "frozen": list(base)}, "HH-RLHF",
+                             LEARNED_PERSONAL)  # the personal claim reads LoRA-local, not LoRA-global
+    assert personal["post_hoc"] and personal["verdict"] == "not reproduced"
 
 
 def curve(values, metric_fn, seeds=5, noise=0.02):
