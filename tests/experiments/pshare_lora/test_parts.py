@@ -135,6 +135,7 @@ def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_di
     notes = "\n".join(parts[0].notes)
     assert "| frozen backbone (trained head) | " in notes and "| Share Rep | " in notes
     assert "| Share Rep (same head) | " in notes and "| oracle | " in notes
+    assert "**HH-RLHF: learning not shown.**" in notes  # two seeds: no learned claim can be reproduced
     assert "labeler 2" in notes and "formality" in notes
     assert parts[0].metrics["text_hh"].keys() >= {"Share Rep", "Share Rep (same head)"}
     for source in ("tldr_like", "hh"):

@@ -180,9 +180,13 @@ def source_data(source: str, cfg: TextConfig, seed: int, backbone: Backbone,
 def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: TextConfig, run_dir: RunDir) -> None:
     """Claims (named with the source), metrics, the table and the per-labeler plot of one source."""
     name = SOURCE_NAMES[source]
-    part.claims += [learned_claim({m: v["accuracy"] for m, v in acc.items()}, name, c) for c in (LEARNED,
-                                                                                               LEARNED_PERSONAL)]
-    part.claims += ordering_claims({m: v["accuracy"] for m, v in acc.items()}, source=name)
+    accuracy = {m: v["accuracy"] for m, v in acc.items()}
+    learned = [learned_claim(accuracy, name, c) for c in (LEARNED, LEARNED_PERSONAL)]
+    part.claims += learned + ordering_claims(accuracy, source=name)
+    if not any(c["verdict"] == "reproduced" for c in learned):
+        part.notes.append(f"**{name}: learning not shown.** No learned claim is reproduced (LoRA-global: "
+                          f"{learned[0]['verdict']}; LoRA-local: {learned[1]['verdict']}), so its ordering claims rank "
+                          "methods on a source not shown to be learned above chance and the frozen backbone.")
     part.metrics[f"text_{source}"] = {LABELS[m]: round(float(np.mean(v["accuracy"])), 4) for m, v in acc.items()}
     if oracle.size:
         part.metrics[f"text_{source}"]["oracle"] = round(float(oracle.mean()), 4)
