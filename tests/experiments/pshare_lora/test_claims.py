@@ -65,7 +65,7 @@ def test_a_source_is_learned_only_above_both_chance_and_the_frozen_backbone():
     assert at_chance["verdict"] == "inconclusive" and at_chance["cells"]["frozen"]["confirmed"]
     assert learned_claim({"global": SI}, "HH-RLHF")["measured"]["not_run"]
     personal = learned_claim({"global": list(base), "local": list(base - 0.1), "frozen": list(base)}, "HH-RLHF",
-                             LEARNED_PERSONAL)  # the personal claim reads LoRA-local, not LoRA-global
+                             LEARNED_PERSONAL, "local")  # the personal claim reads LoRA-local, not LoRA-global
     assert personal["post_hoc"] and personal["verdict"] == "not reproduced"
 
 

@@ -48,7 +48,7 @@ LEARNED_PERSONAL = superiority(
     "trained head", "as the claim above with LoRA-local in place of LoRA-global. Written after that claim came out "
     "inconclusive on both sources in issue 16's main run: one global model cannot fit labelers who disagree, so "
     "LoRA-global is a weak witness of whether a personalised task is learned", post_hoc=True)
-LEARNED_BY = {LEARNED.name: "global", LEARNED_PERSONAL.name: "local"}  # the method each learned claim tests
+LEARNED_CLAIMS = ((LEARNED, "global"), (LEARNED_PERSONAL, "local"))  # each learned claim and the method it tests
 
 
 def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> tuple[Prefs, Prefs, dict]:
@@ -181,12 +181,13 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
     """Claims (named with the source), metrics, the table and the per-labeler plot of one source."""
     name = SOURCE_NAMES[source]
     accuracy = {m: v["accuracy"] for m, v in acc.items()}
-    learned = [learned_claim(accuracy, name, c) for c in (LEARNED, LEARNED_PERSONAL)]
+    learned = [learned_claim(accuracy, name, claim, method) for claim, method in LEARNED_CLAIMS]
     part.claims += learned + ordering_claims(accuracy, source=name)
     if not any(c["verdict"] == "reproduced" for c in learned):
-        part.notes.append(f"**{name}: learning not shown.** No learned claim is reproduced (LoRA-global: "
-                          f"{learned[0]['verdict']}; LoRA-local: {learned[1]['verdict']}), so its ordering claims rank "
-                          "methods on a source not shown to be learned above chance and the frozen backbone.")
+        verdicts = "; ".join(f"{LABELS[m]}: {c['verdict']}" for (_, m), c in zip(LEARNED_CLAIMS, learned, strict=True))
+        part.notes.append(f"**{name}: learning not shown.** No learned claim is reproduced ({verdicts}), so its "
+                          "ordering claims rank methods on a source not shown to be learned above chance and the "
+                          "frozen backbone.")
     part.metrics[f"text_{source}"] = {LABELS[m]: round(float(np.mean(v["accuracy"])), 4) for m, v in acc.items()}
     if oracle.size:
         part.metrics[f"text_{source}"]["oracle"] = round(float(oracle.mean()), 4)
@@ -205,10 +206,11 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
     labeler_bars(run_dir, source, name, acc, cfg.methods, oracle)
 
 
-def learned_claim(accuracy: dict[str, list[float]], name: str, learned: Claim = LEARNED) -> dict:
-    """A learned claim (LEARNED or LEARNED_PERSONAL) on one source (method -> accuracy per seed), or not run without
-    its method and the frozen backbone."""
-    method, claim = LEARNED_BY[learned.name], replace(learned, name=f"{name}: {learned.name}")
+def learned_claim(accuracy: dict[str, list[float]], name: str, learned: Claim = LEARNED, method: str = "global"
+                  ) -> dict:
+    """A learned claim on one source (method -> accuracy per seed): `method` above chance and the frozen backbone, or
+    not run without the two."""
+    claim = replace(learned, name=f"{name}: {learned.name}")
     if method not in accuracy or "frozen" not in accuracy:
         return not_run(claim, f"needs {LABELS[method]} and the frozen backbone (text.methods: {method}, frozen)")
     trained, frozen = np.asarray(accuracy[method]), np.asarray(accuracy["frozen"])
