@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from collabalign.claims import Claim, not_run, superiority
+from collabalign.claims import Claim, confirmed, not_run, superiority
 from collabalign.data.attribute_labelers import AttributePairs, calibrate_beta, describe, draw_labels, labeler_weights
 from collabalign.data.errors import DataError
 from collabalign.data.hh_pairs import hh_pairs, hh_texts
@@ -183,7 +183,7 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
     accuracy = {m: v["accuracy"] for m, v in acc.items()}
     learned = [learned_claim(accuracy, name, claim, method) for claim, method in LEARNED_CLAIMS]
     part.claims += learned + ordering_claims(accuracy, source=name)
-    if not any(c["verdict"] == "reproduced" for c in learned):
+    if not any(confirmed(c) for c in learned):
         verdicts = "; ".join(f"{LABELS[m]}: {c['verdict']}" for (_, m), c in zip(LEARNED_CLAIMS, learned, strict=True))
         part.notes.append(f"**{name}: learning not shown.** No learned claim is reproduced ({verdicts}), so its "
                           "ordering claims rank methods on a source not shown to be learned above chance and the "
