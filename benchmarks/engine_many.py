@@ -5,7 +5,7 @@ close. Part 1: 32 clients, SmolLM2-135M-Instruct with LoRA on q/v of its top blo
 (the quickstart's data: its first 800 pairs, 48 tokens). Part 2: rounds per second at 1,000 clients of the tiny
 Llama on synthetic pairs, batched and one by one. Part 3: peak RSS of one batched round at 1, 100 and 1,000
 clients, each in a fresh process (the base model once plus N adapters, and the clients' cached data).
-Goals (issue 17): batched >= 5x one by one and >= 3x Flower at 32 clients.
+Goals (issue 17): batched >= 5x one by one and >= 3x Flower at 32 clients. On a GPU: gpu_configs.py's engine part.
 Run: OMP_NUM_THREADS=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 PATH=.venv/bin:$PATH \
      .venv/bin/python benchmarks/engine_many.py [--part smollm2|tiny|all]
 """

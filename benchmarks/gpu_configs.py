@@ -6,10 +6,10 @@ TL;DR comparisons are built from SST-2 sentences at the dataset's typical length
 summaries). Time per round or step, peak GPU memory and throughput carry over; accuracies mean nothing here.
 AffPCL has no GPU config: its paper's experiments are linear and tabular, and its main form runs whole on a CPU.
 
-Run (on the device machine, from the repo root, with the wheels of README's device note on PYTHONPATH):
-  python benchmarks/gpu_configs.py --assets .gpu --out $OUT
-  python benchmarks/gpu_configs.py --assets .gpu --out /tmp/gpu --tiny   # the same path on a CPU, tiny models
---assets holds tok/minilm, tok/smollm2 (saved tokenizers) and data/glue/SST-2 (the GLUE folder's copy).
+Engine (issue 17): benchmarks/engine_many.py's rounds of 32 and 1,000 clients, batched and one by one, on the GPU.
+Assets: `benchmarks/gpu_assets.sh` builds .gpu/ here (tokenizers, SmolLM2's config, SST-2 and HH pairs, pydantic's
+wheels) and prints the device command; the same path on a CPU, tiny models (a check, not a cost):
+  PYTHONPATH=src .venv/bin/python benchmarks/gpu_configs.py --assets .gpu --out /tmp/gpu --tiny
 """
 
 from __future__ import annotations
@@ -147,12 +147,41 @@ def pshare(assets: Path, out: Path, device: str, tiny: bool) -> None:
     assert code == 0, f"pshare run failed ({code})"
 
 
+def engine(assets: Path, out: Path, device: str, tiny: bool) -> None:
+    """benchmarks/engine_many.py's first two parts on the device (issue 17): one FedAvg-LoRA round of 32 clients on
+    SmolLM2-135M's architecture (the quickstart's HH pairs) and of 1,000 clients on the tiny Llama, batched and one by
+    one. Flower's simulation needs Ray, whose wheel is larger than what travels to the device machine: not run."""
+    import engine_many
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
+
+    from collabalign.experiments.quickstart import comparison
+    from collabalign.models.backbones import tiny_llama
+
+    tok = AutoTokenizer.from_pretrained(assets / "tok" / "smollm2")
+    config = AutoConfig.from_pretrained(assets / "smollm2")  # SmolLM2-135M-Instruct's config.json
+    if tiny:
+        config.update(dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2))
+    small = random_model(lambda: LlamaForCausalLM(config), "cpu", torch.float32)  # the job moves it
+    named = {"smollm2-135m": lambda: Backbone(small, tok, True), "tiny-llama": lambda: tiny_llama(tokenizer=tok)}
+    comparison.load_backbone = lambda name: named[name]()
+    runs = [("32 clients, SmolLM2-135M's architecture at random weights", engine_many.SMOLLM2),
+            ("1,000 clients, tiny Llama", engine_many.TINY)]
+    for title, overrides in runs[:1] if tiny else runs:
+        if tiny:
+            overrides, title = [*overrides, "split.clients=4", "data.max_pairs=80"], "the path only: 4 clients, tiny"
+        results = engine_many.rounds([*overrides, f"model.device={device}"], ["batched", "one by one"])
+        engine_many.report(f"FedAvg-LoRA on {device_name(device)}, {title}, one round", results)
+        LOG.append({"part": "engine", "title": title, "device": device,
+                    **{name: round(seconds, 3) for name, (_, seconds) in results.items()}})
+
+
 def run() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--assets", type=Path, default=Path(".gpu"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--tiny", action="store_true", help="tiny models on the CPU: checks the path, not the cost")
-    parser.add_argument("--parts", default="fslora,pshare")
+    parser.add_argument("--parts", default="fslora,pshare,engine")
     args = parser.parse_args()
     device = "cpu" if args.tiny else "cuda"
     os.environ["COLLABALIGN_DATA"] = str((args.assets / "data").resolve())
@@ -160,13 +189,14 @@ def run() -> None:
     for part in args.parts.split(","):
         start = time.perf_counter()
         try:
-            {"fslora": fslora, "pshare": pshare}[part](args.assets, args.out, device, args.tiny)
+            {"fslora": fslora, "pshare": pshare, "engine": engine}[part](args.assets, args.out, device, args.tiny)
         except Exception as err:  # one part failing must not lose the other's numbers
             LOG.append({"part": part, "error": repr(err)[:500]})
             print(f"{part} failed: {err!r}", flush=True)
         print(f"{part}: {time.perf_counter() - start:.1f} s in all", flush=True)
         if device == "cuda":
             torch.cuda.empty_cache()
+    args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "gpu_configs.json").write_text(json.dumps(LOG, indent=1))
 
 

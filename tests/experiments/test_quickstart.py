@@ -137,3 +137,15 @@ def test_federated_job_is_the_comparisons_fedavg_lora(tiny_runs):
     node = federated_job(cfg, 0, own=["client1"])[1]
     assert list(node) == ["client1"] and len(node["client1"]) == len(data["client1"])
 
+
+
+def test_the_reward_model_is_put_on_the_configured_device(no_shared_data):
+    """`model.device` places the LoRA reward model (here PyTorch's shape-only "meta" device, as no GPU is here; the
+    GPU run is benchmarks/gpu_configs.py's engine part)."""
+    from collabalign.cli import load_config
+    from collabalign.experiments.quickstart.comparison import prepare
+
+    overrides = [o for o in TINY if not o.startswith("--")]
+    for device in ("cpu", "meta"):
+        cfg = load_config(config_path("quickstart", quick=True), [*overrides, f"model.device={device}"])[2]
+        assert {p.device.type for p in prepare(cfg, []).model.parameters()} == {device}

@@ -35,9 +35,10 @@ class EncodedPairs:
         """The subset of pairs `pairs` (indices), keeping the chosen-then-rejected layout."""
         return EncodedPairs(self.texts[torch.cat([torch.as_tensor(pairs), torch.as_tensor(pairs) + len(self)])])
 
-    def batch(self, pairs: Tensor) -> tuple[Tokens, Tensor | None]:
-        """Tokens and features of `pairs` (chosen then rejected), trimmed to the longest real text among them."""
-        return self[pairs].texts.batch(torch.arange(2 * len(pairs)))
+    def batch(self, pairs: Tensor, device: torch.device | str = "cpu") -> tuple[Tokens, Tensor | None]:
+        """Tokens and features of `pairs` (chosen then rejected), trimmed to the longest real text among them, on
+        `device`."""
+        return self[pairs].texts.batch(torch.arange(2 * len(pairs)), device)
 
 
 def encode_pairs(model: RewardModel, tokenizer, pairs: Sequence[PreferencePair], max_length: int,
@@ -57,6 +58,11 @@ class RewardTrainer:
         self.lr, self.epochs, self.batch_size, self.eval_batch_size = lr, epochs, batch_size, eval_batch_size
         self.max_rows = max_rows  # pairs per batched step of `train_many` (whole clients)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the model trains (its head's device); the cached texts stay on the CPU and travel per batch."""
+        return self.model.head.weight.device
+
     def trainable(self) -> dict[str, Tensor]:
         return {n: p for n, p in self.model.named_parameters() if p.requires_grad}
 
@@ -72,7 +78,7 @@ class RewardTrainer:
         return self.params()
 
     def params(self) -> Params:
-        return {n: p.detach().numpy().copy() for n, p in self.trainable().items()}
+        return {n: p.detach().cpu().numpy().copy() for n, p in self.trainable().items()}
 
     def load(self, params: Params) -> None:
         with torch.no_grad():
@@ -89,7 +95,7 @@ class RewardTrainer:
         for _ in range(self.epochs):
             order = torch.randperm(len(data), generator=rng)
             for start in range(0, len(data), self.batch_size):
-                loss = bt_loss(*self.rewards(*data.batch(order[start:start + self.batch_size])))
+                loss = bt_loss(*self.rewards(*data.batch(order[start:start + self.batch_size], self.device)))
                 optimizer.zero_grad()
                 loss.backward()
                 optimizer.step()
@@ -125,8 +131,8 @@ class RewardTrainer:
                 for step in range(math.ceil(len(data[0]) / self.batch_size)):
                     picks = [order[epoch][step * self.batch_size:(step + 1) * self.batch_size] for order in orders]
                     texts = TextCache.cat([d[p].texts for d, p in zip(data, picks, strict=True)])
-                    route(self.model, routing([2 * len(p) for p in picks]))
-                    rewards = self.model(*texts.batch(torch.arange(len(texts))), self.split)
+                    route(self.model, routing([2 * len(p) for p in picks], self.device))
+                    rewards = self.model(*texts.batch(torch.arange(len(texts)), self.device), self.split)
                     ends = np.cumsum([2 * len(p) for p in picks]).tolist()
                     loss = sum(bt_loss(rewards[end - 2 * len(p): end - len(p)], rewards[end - len(p): end])
                                for p, end in zip(picks, ends, strict=True))
@@ -141,7 +147,7 @@ class RewardTrainer:
         """(r_chosen, r_rejected) for every pair of `data` (default: the held-out set) under `params`."""
         self.load(params)
         data = self.test if data is None else data
-        out = [self.rewards(*data.batch(torch.arange(s, min(s + self.eval_batch_size, len(data)))))
+        out = [self.rewards(*data.batch(torch.arange(s, min(s + self.eval_batch_size, len(data))), self.device))
                for s in range(0, len(data), self.eval_batch_size)]
         return torch.cat([c for c, _ in out]), torch.cat([r for _, r in out])
 

@@ -106,11 +106,13 @@ def smollm2_135m(dtype: torch.dtype = torch.float32) -> Backbone:
     return Backbone(model.eval(), tokenizer, True)
 
 
-def tiny_llama(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, seed: int = 0) -> Backbone:
-    """A random-initialised small Llama with SmolLM2's tokenizer and vocabulary, for tests and CI."""
+def tiny_llama(hidden_size: int = 64, num_layers: int = 2, num_heads: int = 4, seed: int = 0,
+               tokenizer=None) -> Backbone:
+    """A random-initialised small Llama with SmolLM2's tokenizer and vocabulary (or `tokenizer`'s), for tests and
+    CI."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    tokenizer = smollm2_tokenizer()
+    tokenizer = tokenizer or smollm2_tokenizer()
     config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                          num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_heads,
                          max_position_embeddings=1024, tie_word_embeddings=True,

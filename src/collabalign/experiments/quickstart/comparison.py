@@ -84,7 +84,7 @@ def prepare(cfg: Config, notes: list[str]) -> Setup:
     backbone = load_backbone(cfg.model.backbone)
     model = RewardModel(backbone.model, backbone.causal)
     split = lora_top_blocks(model, cfg.model.lora_blocks, cfg.model.targets, cfg.model.rank, cfg.model.alpha)
-    return Setup(pairs, labels, model, backbone.tokenizer, split)
+    return Setup(pairs, labels, model.to(cfg.model.device), backbone.tokenizer, split)
 
 
 def seed_split(cfg: Config, labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:

@@ -32,6 +32,7 @@ class ModelConfig(Strict):
     targets: Grid[str] = ["query", "value"]
     rank: PositiveInt = 8
     alpha: PositiveFloat = 16.0
+    device: str = "cpu"  # where the LoRA blocks and the head train ("cuda" on a GPU); cached features stay on the CPU
 
 
 class TrainConfig(Strict):
