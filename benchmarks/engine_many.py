@@ -21,8 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collabalign.app import job_config
-from collabalign.cli import CONFIG_DIR
+from collabalign.cli import CONFIG_DIR, load_config
 from collabalign.experiments.quickstart.comparison import federated_job
 from collabalign.federation import simulate
 from collabalign.federation.engine import EngineOptions
@@ -37,6 +36,11 @@ ENGINES = {"batched": EngineOptions(), "one by one": EngineOptions(batched=False
            "Flower simulation": EngineOptions(engine="flower")}
 
 
+def quickstart(overrides: list[str]):
+    """The quickstart's main config with `overrides` (validated; Flower is not imported: the GPU run has none)."""
+    return load_config(CONFIG_DIR / "quickstart" / "main.yaml", overrides)[2]
+
+
 def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
@@ -44,8 +48,7 @@ def rss_mb() -> float:
 def rounds(overrides: list[str], engines: list[str]) -> dict[str, tuple[dict, float]]:
     """Per engine: (final adapters, seconds per round: the exchange and the aggregation, not the evaluation), the
     job built once and untimed, each engine warmed up."""
-    cfg, seed = job_config({"config": str(CONFIG_DIR / "quickstart" / "main.yaml"), "method": "fedavg-lora",
-                            "overrides": "; ".join(overrides), "seed": 0})
+    cfg, seed = quickstart(overrides), 0
     algorithm, data = federated_job(cfg, seed)
     out = {}
     for name in engines:
@@ -70,8 +73,7 @@ def memory(clients: int) -> None:
     the round (imports, model, the clients' cached data) and the peak during it."""
     overrides = [o for o in TINY if not o.startswith(("split.clients", "data.synthetic_pairs"))]
     overrides += [f"split.clients={clients}", f"data.synthetic_pairs={20 * clients}", "train.rounds=1"]
-    cfg, seed = job_config({"config": str(CONFIG_DIR / "quickstart" / "main.yaml"), "method": "fedavg-lora",
-                            "overrides": "; ".join(overrides), "seed": 0})
+    cfg, seed = quickstart(overrides), 0
     algorithm, data = federated_job(cfg, seed)
     Path("/proc/self/clear_refs").write_text("5")  # Linux: the peak RSS (VmHWM) restarts from the current RSS
     before = vm("VmRSS")
