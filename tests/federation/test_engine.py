@@ -86,6 +86,20 @@ POISONS = {
 }
 
 
+class TrainsMany(LeastSquares):
+    """The toy trainer with a batched `train_many` (FedAvg's `client_update_many` then trains clients together)."""
+
+    def train_many(self, params, data, rngs):
+        return [self.train(p, d, g) for p, d, g in zip(params, data, rngs, strict=True)]
+
+
+def test_a_subclass_that_overrides_client_update_is_not_bypassed_by_the_batched_hook():
+    faulty = run(Faulty(TrainsMany(), POISONS["nan"], rounds=(2,)))
+    reference = run(Without(TrainsMany(), rounds=(2,)))
+    assert [(f["round"], f["client"]) for f in faulty.faults] == [(2, BAD)]
+    assert faulty.state["w"].tobytes() == reference.state["w"].tobytes()
+
+
 @pytest.mark.parametrize("poison", list(POISONS))
 def test_a_bad_reply_is_dropped_named_and_leaves_the_server_state_as_without_that_client(poison):
     faulty = run(Faulty(LeastSquares(), POISONS[poison], rounds=(2, 4)))

@@ -60,14 +60,17 @@ class ManyAtOnce(LeastSquares):
         return [self.train(p, d, g) for p, d, g in zip(params, data, rngs, strict=True)]
 
 
-def test_fedavg_trains_every_sampled_client_in_one_call_when_the_trainer_can():
-    trainer = ManyAtOnce()
-    many = simulate(FedAvg(trainer), trainer.client_data(6), rounds=4, seed=3, fraction=0.5, progress=False)
-    plain = LeastSquares()
-    one_by_one = simulate(FedAvg(plain), plain.client_data(6), rounds=4, seed=3, fraction=0.5, progress=False)
+@pytest.mark.parametrize("algorithm", [FedAvg, LocalOnly])
+def test_the_sampled_clients_train_in_one_call_when_the_trainer_can(algorithm):
+    trainer, plain = ManyAtOnce(), LeastSquares()
+    many = simulate(algorithm(trainer), trainer.client_data(6), rounds=4, seed=3, fraction=0.5, progress=False)
+    one_by_one = simulate(algorithm(plain), plain.client_data(6), rounds=4, seed=3, fraction=0.5, progress=False)
     assert trainer.calls == 4  # one call per round, for the 3 sampled clients together
     assert many.metrics == one_by_one.metrics and many.ledger.rows == one_by_one.ledger.rows
     np.testing.assert_array_equal(many.state["w"], one_by_one.state["w"])
+    for cid, client in many.clients.items():  # local-only: each client's own model, kept between rounds
+        assert client.state.keys() == one_by_one.clients[cid].state.keys()
+        assert all((client.state[k] == one_by_one.clients[cid].state[k]).all() for k in client.state)
 
 
 def test_local_only_keeps_private_state_and_sends_nothing_after_round_one():

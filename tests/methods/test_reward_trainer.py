@@ -76,12 +76,17 @@ def test_train_many_equals_one_client_after_another_in_float64():
     assert max(float(np.abs(a[k] - b[k]).max()) for (a, _), (b, _) in zip(alone, many, strict=True) for k in a) < 1e-10
 
 
-def test_fedavg_lora_with_the_batched_hook_equals_the_sequential_run(tiny_problem):
+@pytest.mark.parametrize("algorithm", [FedAvg, LocalOnly])
+def test_fedavg_lora_and_local_only_with_the_batched_hook_equal_the_sequential_run(tiny_problem, algorithm):
     from collabalign.federation.engine import EngineOptions
 
     trainer, clients, _ = tiny_problem
-    runs = [simulate(FedAvg(trainer), clients, rounds=2, seed=0, progress=False,
+    runs = [simulate(algorithm(trainer), clients, rounds=2, seed=0, progress=False,
                      options=EngineOptions(batched=batched)) for batched in (True, False)]
+    for cid, client in runs[0].clients.items():  # local-only's own models (FedAvg keeps none)
+        assert client.state.keys() == runs[1].clients[cid].state.keys()
+        assert all(k == "head.bias" or np.allclose(v, runs[1].clients[cid].state[k], atol=1e-5)
+                   for k, v in client.state.items())
     for key, value in runs[0].state.items():  # the head's bias cancels in the BT loss: AdamW steps its rounding noise
         assert key == "head.bias" or np.allclose(value, runs[1].state[key], atol=1e-5), key
     assert [m["accuracy"] for m in runs[0].metrics] == pytest.approx([m["accuracy"] for m in runs[1].metrics])

@@ -19,7 +19,8 @@ Params = dict[str, np.ndarray]
 
 class LocalTrainer(Protocol):
     """Trains and evaluates one model from a parameter dict; holds no state between calls. It may also offer
-    `train_many(params_list, data_list, rngs)`, `train` for many clients in one computation, which FedAvg then uses."""
+    `train_many(params_list, data_list, rngs)`, `train` for many clients in one computation, which FedAvg and
+    LocalOnly then use (`train_together`)."""
 
     def initial_params(self, seeds: Seeds) -> Params: ...
 
@@ -28,6 +29,16 @@ class LocalTrainer(Protocol):
         ...
 
     def evaluate(self, params: Params) -> dict[str, float]: ...
+
+
+def train_together(
+    trainer: LocalTrainer, starts: list[Params], clients: list[ClientContext]
+) -> list[tuple[Params, int]] | None:
+    """Each client's local training from its start, on its data with its generator, in one computation when the
+    trainer offers `train_many`; None when it does not (the caller then runs its `client_update` one by one, so a
+    subclass's override of it still applies)."""
+    train_many = getattr(trainer, "train_many", None)
+    return None if train_many is None else train_many(starts, [c.data for c in clients], [c.torch_rng for c in clients])
 
 
 class FedAvg:
@@ -49,15 +60,11 @@ class FedAvg:
         return Message(params, {"n": n})
 
     def client_update_many(self, messages: dict[str, Message], clients: dict[str, ClientContext]) -> dict[str, Message]:
-        """Every sampled client at once when the trainer trains many clients in one computation (`train_many`),
-        else one after the other, as the simulator would."""
-        train_many = getattr(self.trainer, "train_many", None)
-        if train_many is None:
+        """Every sampled client's `client_update`, in one computation when the trainer can (`train_together`)."""
+        trained = train_together(self.trainer, [dict(m) for m in messages.values()], [clients[c] for c in messages])
+        if trained is None:
             return {cid: self.client_update(m, clients[cid]) for cid, m in messages.items()}
-        ids = list(messages)
-        trained = train_many([dict(messages[cid]) for cid in ids], [clients[cid].data for cid in ids],
-                             [clients[cid].torch_rng for cid in ids])
-        return {cid: Message(params, {"n": n}) for cid, (params, n) in zip(ids, trained, strict=True)}
+        return {cid: Message(params, {"n": n}) for cid, (params, n) in zip(messages, trained, strict=True)}
 
     def aggregate(self, state: Params, replies: dict[str, Message], round_: int) -> Params:
         ordered = [replies[cid] for cid in sorted(replies)]
@@ -88,6 +95,16 @@ class LocalOnly:
         params, n = self.trainer.train(start, client.data, client.torch_rng)
         client.state = params
         return Message({}, {"n": n})
+
+    def client_update_many(self, messages: dict[str, Message], clients: dict[str, ClientContext]) -> dict[str, Message]:
+        """Every sampled client's `client_update`, in one computation when the trainer can (`train_together`)."""
+        starts = [clients[cid].state or dict(m) for cid, m in messages.items()]
+        trained = train_together(self.trainer, starts, [clients[cid] for cid in messages])
+        if trained is None:
+            return {cid: self.client_update(m, clients[cid]) for cid, m in messages.items()}
+        for cid, (params, _) in zip(messages, trained, strict=True):
+            clients[cid].state = params
+        return {cid: Message({}, {"n": n}) for cid, (_, n) in zip(messages, trained, strict=True)}
 
     def reply_spec(self, state: Params, message: Message, cid: str) -> ReplySpec:
         """Only the sample count comes back."""
