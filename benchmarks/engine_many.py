@@ -3,7 +3,8 @@
 Flower's simulation engine (Ray), in one process after an untimed warm-up of each; the final adapters are checked
 close. Part 1: 32 clients, SmolLM2-135M-Instruct with LoRA on q/v of its top block, HH-RLHF harmless pairs
 (the quickstart's data: its first 800 pairs, 48 tokens). Part 2: rounds per second at 1,000 clients of the tiny
-Llama on synthetic pairs, batched and one by one. Part 3: peak RSS of one batched round at 1, 100 and 1,000
+Llama on synthetic pairs, batched and one by one; and the local-only baseline's exchange on the same clients (its
+per-client evaluation left out). Part 3: peak RSS of one batched round at 1, 100 and 1,000
 clients, each in a fresh process (the base model once plus N adapters, and the clients' cached data).
 Goals (issue 17): batched >= 5x one by one and >= 3x Flower at 32 clients. On a GPU: gpu_configs.py's engine part.
 Run: OMP_NUM_THREADS=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 PATH=.venv/bin:$PATH \
@@ -17,6 +18,7 @@ import os
 import resource
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +26,10 @@ import numpy as np
 from collabalign.cli import CONFIG_DIR, load_config
 from collabalign.experiments.quickstart.comparison import federated_job
 from collabalign.federation import simulate
-from collabalign.federation.engine import EngineOptions
+from collabalign.federation.engine import EngineOptions, InProcess
+from collabalign.federation.protocol import ClientContext
+from collabalign.methods.fedavg import LocalOnly
+from collabalign.seeding import Seeds
 
 SMOLLM2 = ["model.backbone=smollm2-135m", "model.targets=[q_proj, v_proj]", "model.lora_blocks=1",
            "data.max_pairs=800", "data.max_length=48", "split.clients=32", "split.min_pairs=8",
@@ -56,6 +61,28 @@ def rounds(overrides: list[str], engines: list[str]) -> dict[str, tuple[dict, fl
         result = simulate(algorithm, data, cfg.train.rounds, seed, progress=False, options=ENGINES[name])
         out[name] = (result.state, float(np.mean([t["client_s"] + t["server_s"] for t in result.timing])))
     return out
+
+
+def local_only(overrides: list[str], repeats: int = 2) -> None:
+    """Round 1's exchange of the local-only baseline (each client trains its own model from the broadcast) through
+    the engine, batched and one by one, interleaved, best of `repeats`; the clients' models compared."""
+    cfg, seed = quickstart(overrides), 0
+    federated, data = federated_job(cfg, seed)
+    algorithm = LocalOnly(federated.trainer)
+    messages = algorithm.configure(algorithm.init(Seeds(seed)), 1, list(data))
+    seconds, models = {}, {}
+    for batched in [True, False] * repeats:
+        clients = {cid: ClientContext(cid, d) for cid, d in data.items()}
+        start = time.perf_counter()
+        InProcess(algorithm, clients, seed, batched=batched).exchange(1, messages)
+        seconds[batched] = min(seconds.get(batched, float("inf")), time.perf_counter() - start)
+        models[batched] = [c.state for c in clients.values()]
+    diff = max(float(np.abs(a[k] - b[k]).max()) for a, b in zip(*models.values(), strict=True) for k in a
+               if k != "head.bias")
+    batched, one = seconds[True], seconds[False]
+    print(f"\nLocal-only, {len(data):,} clients, round 1's exchange (best of {repeats}): batched {batched:.2f} s, "
+          f"one by one {one:.2f} s, {one / batched:.2f}x; max |diff| of the clients' models {diff:.2e} (float32: "
+          "Adam's first step normalises rounding noise of near-zero gradients)")
 
 
 def report(title: str, runs: dict[str, tuple[dict, float]]) -> None:
@@ -100,6 +127,7 @@ def main() -> None:
                rounds(SMOLLM2, ["batched", "one by one", "Flower simulation"]))
     if part in ("tiny", "all"):
         report("FedAvg-LoRA, tiny Llama, 1,000 clients", rounds(TINY, ["batched", "one by one"]))
+        local_only(TINY)
     if part in ("memory", "all"):
         print("\nRSS of one batched round of the tiny job, each in a fresh process (MB)")
         print(f"{'clients':>8} {'before round':>12} {'peak in it':>10}")
