@@ -6,7 +6,7 @@ from collabalign.methods.fedavg import FedAvg, LocalOnly
 from collabalign.runs import RunDir
 from collabalign.seeding import Seeds
 
-from .toy import LeastSquares
+from .toy import LeastSquares, ManyAtOnce
 
 
 def run(tmp_path=None, **kw):
@@ -48,16 +48,6 @@ def test_resume_after_checkpoint_equals_uninterrupted_run(tmp_path):
     assert resumed.metrics == full.metrics
     assert resumed.ledger.rows == full.ledger.rows
     np.testing.assert_array_equal(resumed.state["w"], full.state["w"])
-
-
-class ManyAtOnce(LeastSquares):
-    """The toy trainer with a `train_many` that counts its calls and trains one client after the other."""
-
-    calls = 0
-
-    def train_many(self, params, data, rngs):
-        self.calls += 1
-        return [self.train(p, d, g) for p, d, g in zip(params, data, rngs, strict=True)]
 
 
 @pytest.mark.parametrize("algorithm", [FedAvg, LocalOnly])

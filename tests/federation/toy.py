@@ -39,3 +39,13 @@ class LeastSquares:
     def evaluate(self, params):
         err = self.x_test @ (params["w"] - self.w_true)
         return {"mse": float(np.mean(err**2))}
+
+
+class ManyAtOnce(LeastSquares):
+    """The toy trainer with a `train_many` that counts its calls and trains one client after the other."""
+
+    calls = 0
+
+    def train_many(self, params, data, rngs):
+        self.calls += 1
+        return [self.train(p, d, g) for p, d, g in zip(params, data, rngs, strict=True)]

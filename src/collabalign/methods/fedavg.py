@@ -33,12 +33,14 @@ class LocalTrainer(Protocol):
 
 def train_together(
     trainer: LocalTrainer, starts: list[Params], clients: list[ClientContext]
-) -> list[tuple[Params, int]] | None:
-    """Each client's local training from its start, on its data with its generator, in one computation when the
-    trainer offers `train_many`; None when it does not (the caller then runs its `client_update` one by one, so a
-    subclass's override of it still applies)."""
-    train_many = getattr(trainer, "train_many", None)
-    return None if train_many is None else train_many(starts, [c.data for c in clients], [c.torch_rng for c in clients])
+) -> list[tuple[Params, int]]:
+    """Each client's local training from its start, on its data with its generator: in one computation when the
+    trainer offers `train_many`, else one after the other. (A subclass that overrides `client_update` alone is not
+    routed here: the engine then runs its clients one by one, `federation.engine.batched_update`.)"""
+    data, rngs = [c.data for c in clients], [c.torch_rng for c in clients]
+    if (train_many := getattr(trainer, "train_many", None)) is not None:
+        return train_many(starts, data, rngs)
+    return [trainer.train(p, d, g) for p, d, g in zip(starts, data, rngs, strict=True)]
 
 
 class FedAvg:
@@ -62,8 +64,6 @@ class FedAvg:
     def client_update_many(self, messages: dict[str, Message], clients: dict[str, ClientContext]) -> dict[str, Message]:
         """Every sampled client's `client_update`, in one computation when the trainer can (`train_together`)."""
         trained = train_together(self.trainer, [dict(m) for m in messages.values()], [clients[c] for c in messages])
-        if trained is None:
-            return {cid: self.client_update(m, clients[cid]) for cid, m in messages.items()}
         return {cid: Message(params, {"n": n}) for cid, (params, n) in zip(messages, trained, strict=True)}
 
     def aggregate(self, state: Params, replies: dict[str, Message], round_: int) -> Params:
@@ -100,8 +100,6 @@ class LocalOnly:
         """Every sampled client's `client_update`, in one computation when the trainer can (`train_together`)."""
         starts = [clients[cid].state or dict(m) for cid, m in messages.items()]
         trained = train_together(self.trainer, starts, [clients[cid] for cid in messages])
-        if trained is None:
-            return {cid: self.client_update(m, clients[cid]) for cid, m in messages.items()}
         for cid, (params, _) in zip(messages, trained, strict=True):
             clients[cid].state = params
         return {cid: Message({}, {"n": n}) for cid, (_, n) in zip(messages, trained, strict=True)}
