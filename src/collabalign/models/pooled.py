@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from collabalign.models import last_token
+
 
 @dataclass
 class Tokens:
@@ -73,7 +75,8 @@ class _Stop(Exception):
 
 
 class PooledModel(nn.Module):
-    """head(pool(h(x))): mean over tokens for encoders, last real token for causal models; `outputs` scores."""
+    """head(pool(h(x))): mean over tokens for encoders, last real token for causal models; `outputs` scores. A causal
+    model's last block runs at the last real token only where it can (`last_token`)."""
 
     def __init__(self, backbone: nn.Module, causal: bool, outputs: int, generator: torch.Generator | None = None):
         super().__init__()
@@ -87,14 +90,21 @@ class PooledModel(nn.Module):
 
     def pool(self, hidden: Tensor, mask: Tensor) -> Tensor:
         if self.causal:
-            last = mask.shape[1] - 1 - mask.flip(1).argmax(1)  # works for left or right padding
-            return hidden[torch.arange(len(hidden)), last]
+            return hidden[torch.arange(len(hidden)), last_real(mask)]
         m = mask.unsqueeze(-1).to(hidden.dtype)
         return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
     def forward(self, tokens: Tokens, features: Tensor | None = None, split: int = 0) -> Tensor:
         """Scores, shape (batch, outputs). With `features` (from `lower_features(tokens, split)`), blocks below `split`
         are skipped and their cached output is fed to block `split`."""
+        blocks = layer_stack(self.backbone)[1]
+        top = blocks[-1]
+        if self.causal and last_token.supports(top):
+            cached = features is not None and split == len(blocks) - 1
+            hidden = features if cached else self._entering(top, tokens, features, split)
+            mask = tokens.attention_mask
+            final = last_token.block_at(top, self.backbone.rotary_emb, hidden, mask, last_real(mask))
+            return self.head(self.backbone.norm(final))
         with self._from_features(features, split):
             out = self.backbone(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
         return self.head(self.pool(out.last_hidden_state, tokens.attention_mask))
@@ -106,23 +116,27 @@ class PooledModel(nn.Module):
         _, blocks = layer_stack(self.backbone)
         if not 0 < split < len(blocks):
             raise ValueError(f"split must be in 1..{len(blocks) - 1}, got {split}")
+        device = self.head.weight.device  # the features are kept on the CPU: the cache can outgrow device memory
+        return torch.cat([self._entering(blocks[split], tokens[start:start + batch_size].to(device)).cpu()
+                          for start in range(0, len(tokens), batch_size)])
+
+    def _entering(self, block: nn.Module, tokens: Tokens, features: Tensor | None = None, split: int = 0) -> Tensor:
+        """The hidden states entering `block`: the backbone run (from `features` at block `split`) up to it."""
         captured: list[Tensor] = []
 
         def capture(module, args, kwargs):
             captured.append(args[0] if args else kwargs["hidden_states"])
             raise _Stop
 
-        handle = blocks[split].register_forward_pre_hook(capture, with_kwargs=True)
+        handle = block.register_forward_pre_hook(capture, with_kwargs=True)
         try:
-            for start in range(0, len(tokens), batch_size):
-                batch = tokens[start:start + batch_size].to(self.head.weight.device)
-                try:
-                    self.backbone(input_ids=batch.input_ids, attention_mask=batch.attention_mask)
-                except _Stop:
-                    pass
+            with self._from_features(features, split):
+                self.backbone(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
+        except _Stop:
+            pass
         finally:
             handle.remove()
-        return torch.cat([c.cpu() for c in captured])  # kept on the CPU: the cache can outgrow accelerator memory
+        return captured[0]
 
     @contextmanager
     def _from_features(self, features: Tensor | None, split: int) -> Iterator[None]:
@@ -146,3 +160,8 @@ class PooledModel(nn.Module):
             handle.remove()
             for i, block in enumerate(lower):
                 blocks[i] = block
+
+
+def last_real(mask: Tensor) -> Tensor:
+    """The index of each row's last real token (left or right padding)."""
+    return mask.shape[1] - 1 - mask.flip(1).argmax(1)
