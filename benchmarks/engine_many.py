@@ -2,7 +2,8 @@
 (`client_update_many`: stacked adapters and heads) against the same round one client after another, and against
 Flower's simulation engine (Ray), in one process after an untimed warm-up of each; the final adapters are checked
 close. Part 1: 32 clients, SmolLM2-135M-Instruct with LoRA on q/v of its top block, HH-RLHF harmless pairs
-(the quickstart's data: its first 800 pairs, 48 tokens). Part 2: rounds per second at 1,000 clients of the tiny
+(the quickstart's data: its first 800 pairs, 48 tokens; the top block runs its query, MLP and norms at the
+last real token only, `models/last_token.py`). Part 2: rounds per second at 1,000 clients of the tiny
 Llama on synthetic pairs, batched and one by one; and the local-only baseline's exchange on the same clients (its
 per-client evaluation left out). Part 3: peak RSS of one batched round at 1, 100 and 1,000
 clients, each in a fresh process (the base model once plus N adapters, and the clients' cached data).
