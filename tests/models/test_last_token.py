@@ -65,9 +65,9 @@ def test_the_last_block_at_the_last_token_equals_the_whole_block(gqa_llama, lora
     tokens = tokenize(tokenizer, TEXTS, 32)
     tokens = left_padded(tokens) if padding == "left" else tokens
     assert int(tokens.attention_mask.sum(1).min()) < tokens.attention_mask.shape[1]  # some rows are padded
-    features = pooled.lower_features(tokens, split) if cached and split else None
-    fast, fast_grads = scores_and_grads(pooled, tokens, features, split if features is not None else 0, True)
-    whole, whole_grads = scores_and_grads(pooled, tokens, features, split if features is not None else 0, False)
+    features, split = (pooled.lower_features(tokens, split), split) if cached and split else (None, 0)
+    fast, fast_grads = scores_and_grads(pooled, tokens, features, split, True)
+    whole, whole_grads = scores_and_grads(pooled, tokens, features, split, False)
     torch.testing.assert_close(fast, whole, rtol=0, atol=1e-10)
     assert fast_grads.keys() == whole_grads.keys() and len(fast_grads) == 2 * len(lora_layers(pooled)) + 2
     for name, grad in whole_grads.items():

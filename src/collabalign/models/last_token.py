@@ -24,14 +24,15 @@ def block_at(block: LlamaDecoderLayer, rotary: nn.Module, hidden: Tensor, mask: 
     and the attention mask (N, T); positions are 0..T-1, as the Hugging Face model numbers them."""
     n, t, _ = hidden.shape
     attn, rows = block.self_attn, torch.arange(n, device=hidden.device)
+    positions = torch.arange(t, device=hidden.device)
     x = block.input_layernorm(hidden)
-    cos, sin = rotary(hidden, torch.arange(t, device=hidden.device)[None])  # (1, T, head_dim)
+    cos, sin = rotary(hidden, positions[None])  # (1, T, head_dim)
     heads = (n, t, -1, attn.head_dim)
     keys = _rotate(attn.k_proj(x).view(heads).transpose(1, 2), cos[:, None], sin[:, None])
     values = attn.v_proj(x).view(heads).transpose(1, 2)
     query = attn.q_proj(x[rows, last][:, None]).view(n, 1, -1, attn.head_dim).transpose(1, 2)
     query = _rotate(query, cos[0, last][:, None, None], sin[0, last][:, None, None])
-    seen = mask.bool() & (torch.arange(t, device=hidden.device)[None] <= last[:, None])
+    seen = mask.bool() & (positions[None] <= last[:, None])
     out = F.scaled_dot_product_attention(query, keys, values, attn_mask=seen[:, None, None], scale=attn.scaling,
                                          enable_gqa=attn.num_key_value_groups > 1)
     h = hidden[rows, last][:, None] + attn.o_proj(out.transpose(1, 2).reshape(n, 1, -1))
