@@ -55,8 +55,9 @@ def scores_and_grads(pooled, tokens, features, split, last_token_path):
     return scores.detach(), {n: p.grad.clone() for n, p in pooled.named_parameters() if p.grad is not None}
 
 
-@pytest.mark.parametrize("lora_blocks, targets", [(1, ["q_proj", "v_proj"]), (2, ["q_proj", "k_proj", "o_proj",
-                                                                                   "down_proj"]), (3, ["up_proj"])])
+@pytest.mark.parametrize("lora_blocks, targets", [(1, ["q_proj", "v_proj"]), (1, ["k_proj", "v_proj", "up_proj"]),
+                                                  (1, ["q_proj"]), (2, ["q_proj", "k_proj", "o_proj", "down_proj"]),
+                                                  (3, ["up_proj"])])
 @pytest.mark.parametrize("padding", ["right", "left"])
 @pytest.mark.parametrize("cached", [True, False])
 def test_the_last_block_at_the_last_token_equals_the_whole_block(gqa_llama, lora_blocks, targets, padding, cached):
@@ -95,3 +96,32 @@ def test_attention_dropout_in_training_runs_the_whole_block(gqa_llama):
     assert last_token.supports(block)
     block.self_attn.attention_dropout = 0.1
     assert last_token.supports(block.eval()) and not last_token.supports(block.train())
+
+
+def test_the_last_blocks_cache_holds_its_frozen_keys_and_values(gqa_llama):
+    """Cached at the last block: the states entering it, then its key and value projections before LoRA (2 key-value
+    heads of 8: 16 columns each); below it the states alone."""
+    backbone, tokenizer = gqa_llama
+    pooled, split = model_with_lora(backbone, 1, ["k_proj", "v_proj"])
+    tokens = tokenize(tokenizer, TEXTS, 32)
+    features = pooled.lower_features(tokens, split)
+    top = layer_stack(pooled.backbone)[1][split]
+    x = top.input_layernorm(features[..., :32])
+    attn = top.self_attn
+    torch.testing.assert_close(features[..., 32:], torch.cat([attn.k_proj.base(x), attn.v_proj.base(x)], -1))
+    assert pooled.lower_features(tokens, split - 1).shape == (*tokens.input_ids.shape, 32)
+
+
+def test_a_trained_key_projection_is_not_read_from_the_cache(gqa_llama):
+    """If the last block's key weights train, its cached keys are stale: the scores are computed from the states."""
+    backbone, tokenizer = gqa_llama
+    pooled, split = model_with_lora(backbone, 1, ["q_proj"])
+    tokens = tokenize(tokenizer, TEXTS, 32)
+    features = pooled.lower_features(tokens, split)
+    key = layer_stack(pooled.backbone)[1][split].self_attn.k_proj
+    with torch.no_grad():
+        key.weight.mul_(2.0)
+    stale = pooled(tokens, features, split)
+    key.weight.requires_grad_(True)
+    torch.testing.assert_close(pooled(tokens, features, split), pooled(tokens), rtol=0, atol=1e-10)
+    assert (stale - pooled(tokens)).abs().max() > 1e-3  # the check matters: the cache was stale

@@ -88,3 +88,29 @@ def test_causal_pooling_takes_the_last_real_token(tiny):
     hidden = torch.arange(2 * 4 * 1, dtype=torch.float32).reshape(2, 4, 1)
     mask = torch.tensor([[1, 1, 0, 0], [0, 1, 1, 1]])  # right- and left-padded
     assert model.pool(hidden, mask).flatten().tolist() == [1.0, 7.0]
+
+
+def test_text_caches_joined_keep_every_row_and_pad_with_zeros():
+    """TextCache.cat: each cache's rows in turn, tokens and features right-padded with zeros to the widest; a batch
+    gathers its rows and trims them to their longest real text."""
+    from collabalign.models.cached import TextCache
+    from collabalign.models.pooled import Tokens
+
+    def cache(rows, width, lengths):
+        mask = (torch.arange(width)[None] < torch.tensor(lengths)[:, None]).long()
+        ids = torch.randint(1, 50, (rows, width)) * mask
+        return TextCache(Tokens(ids, mask), torch.randn(rows, width, 3) * mask[..., None], 2)
+
+    torch.manual_seed(0)
+    parts = [cache(2, 4, [4, 2]), cache(3, 6, [1, 6, 3]), cache(1, 5, [5])]
+    joined = TextCache.cat(parts)
+    assert joined.tokens.input_ids.shape == (6, 6) and joined.features.shape == (6, 6, 3) and joined.split == 2
+    start = 0
+    for part in parts:
+        width, rows = part.tokens.input_ids.shape[1], slice(start, start + len(part))
+        torch.testing.assert_close(joined.features[rows, :width], part.features, rtol=0, atol=0)
+        assert not joined.features[rows, width:].any() and not joined.tokens.attention_mask[rows, width:].any()
+        assert torch.equal(joined.tokens.input_ids[rows, :width], part.tokens.input_ids)
+        start += len(part)
+    tokens, features = joined.batch(torch.tensor([5, 0, 1]))
+    assert tokens.input_ids.shape == (3, 5) and torch.equal(features, joined.features[[5, 0, 1], :5])

@@ -124,9 +124,14 @@ class LoRALinear(nn.Module):
         (float32 on bfloat16): added."""
         if not self.enabled:
             return self.base(x)
+        return self.add_update(x, self.base(x.reshape(-1, x.shape[-1])))
+
+    def add_update(self, x: Tensor, y: Tensor) -> Tensor:
+        """The forward from the base's output `y` (x's flattened rows, out), which it updates in place: how a frozen
+        projection computed once (`models.last_token`'s cached keys and values) gets its adapter."""
+        if not self.enabled:
+            return y.reshape(*x.shape[:-1], -1)
         A, B = self.factors(self.party)
-        rows = x.reshape(-1, x.shape[-1])
-        y = self.base(rows)
         x = self.dropout(x).to(A.dtype)  # float32 factors on a bfloat16 base: compute the update in float32
         blocks = isinstance(self.party, Blocks)
         h = _apply_blocks(x, A, self.party) if blocks else _apply(x, A)

@@ -33,12 +33,16 @@ class EncodedPairs:
 
     def __getitem__(self, pairs: Tensor | np.ndarray) -> EncodedPairs:
         """The subset of pairs `pairs` (indices), keeping the chosen-then-rejected layout."""
-        return EncodedPairs(self.texts[torch.cat([torch.as_tensor(pairs), torch.as_tensor(pairs) + len(self)])])
+        return EncodedPairs(self.texts[self.rows(pairs)])
+
+    def rows(self, pairs: Tensor | np.ndarray) -> Tensor:
+        """The texts of `pairs`: their chosen replies, then their rejected ones."""
+        return torch.cat([torch.as_tensor(pairs), torch.as_tensor(pairs) + len(self)])
 
     def batch(self, pairs: Tensor, device: torch.device | str = "cpu") -> tuple[Tokens, Tensor | None]:
         """Tokens and features of `pairs` (chosen then rejected), trimmed to the longest real text among them, on
         `device`."""
-        return self[pairs].texts.batch(torch.arange(2 * len(pairs)), device)
+        return self.texts.batch(self.rows(pairs), device)
 
 
 def encode_pairs(model: RewardModel, tokenizer, pairs: Sequence[PreferencePair], max_length: int,
@@ -125,14 +129,16 @@ class RewardTrainer:
         factors = [{n: (torch.from_numpy(p[f"{n}.B"]), torch.from_numpy(p[f"{n}.A"])) for n in layers} for p in params]
         heads = [{"head": (torch.from_numpy(p["head.weight"]), torch.from_numpy(p["head.bias"]))} for p in params]
         scales = [{n: layer.scale for n, layer in layers.items()}] * len(params)
+        texts = TextCache.cat([d.texts for d in data])  # every client's texts once; each step gathers its rows
+        starts = np.cumsum([0] + [len(d.texts) for d in data[:-1]]).tolist()
         with stacked(self.model, factors, scales, heads) as stack:
             optimizer = torch.optim.AdamW(stack.params, lr=self.lr, weight_decay=0.0)
             for epoch in range(self.epochs):
                 for step in range(math.ceil(len(data[0]) / self.batch_size)):
                     picks = [order[epoch][step * self.batch_size:(step + 1) * self.batch_size] for order in orders]
-                    texts = TextCache.cat([d[p].texts for d, p in zip(data, picks, strict=True)])
+                    rows = torch.cat([start + d.rows(p) for d, p, start in zip(data, picks, starts, strict=True)])
                     route(self.model, routing([2 * len(p) for p in picks], self.device))
-                    rewards = self.model(*texts.batch(torch.arange(len(texts)), self.device), self.split)
+                    rewards = self.model(*texts.batch(rows, self.device), self.split)
                     ends = np.cumsum([2 * len(p) for p in picks]).tolist()
                     loss = sum(bt_loss(rewards[end - 2 * len(p): end - len(p)], rewards[end - len(p): end])
                                for p, end in zip(picks, ends, strict=True))

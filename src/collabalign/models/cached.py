@@ -31,7 +31,8 @@ def lora_top_blocks(model: PooledModel, lora_blocks: int, targets: Sequence[str]
 @dataclass
 class TextCache:
     """Tokens of every text and the hidden states entering block `split` (CPU; None when split is 0, so the whole
-    backbone runs each step)."""
+    backbone runs each step; at a causal model's last block followed by its frozen keys and values, see
+    `PooledModel.lower_features`)."""
 
     tokens: Tokens
     features: Tensor | None
@@ -49,8 +50,15 @@ class TextCache:
         width = max(c.tokens.input_ids.shape[1] for c in caches)
         tokens = Tokens(*(torch.cat([F.pad(getattr(c.tokens, f), (0, width - c.tokens.input_ids.shape[1]))
                                      for c in caches]) for f in ("input_ids", "attention_mask")))
-        features = None if caches[0].features is None else torch.cat(
-            [F.pad(c.features, (0, 0, 0, width - c.features.shape[1])) for c in caches])
+        features = None
+        if caches[0].features is not None:  # one copy: each cache into its rows, zeros only in the padding
+            features = caches[0].features.new_empty(len(tokens), width, caches[0].features.shape[-1])
+            start = 0
+            for c in caches:
+                rows = features[start:start + len(c)]
+                rows[:, : c.features.shape[1]] = c.features
+                rows[:, c.features.shape[1]:] = 0
+                start += len(c)
         return TextCache(tokens, features, caches[0].split)
 
     def batch(self, rows: Tensor, device: torch.device | str = "cpu") -> tuple[Tokens, Tensor | None]:
@@ -59,7 +67,7 @@ class TextCache:
         tokens = self.tokens[rows].trimmed()
         if self.features is None:
             return tokens.to(device), None
-        return tokens.to(device), self.features[rows, : tokens.input_ids.shape[1]].to(device)
+        return tokens.to(device), self.features[:, : tokens.input_ids.shape[1]].index_select(0, rows).to(device)
 
 
 def cache_texts(model: PooledModel, tokenizer, texts: Sequence[str], max_length: int, split: int,

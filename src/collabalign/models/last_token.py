@@ -3,8 +3,10 @@
 The score of a causal LM pooled at the last real token depends on the last block's output at that position alone.
 There the keys and values still need every position, but the query, the attention output, the MLP and both norms
 need only that one: for SmolLM2's block at 48 tokens that skips about 90% of the block's arithmetic, forward and
-backward. Exact up to float rounding (the tests check it in float64); applies to Llama-style blocks
-(`LlamaDecoderLayer`: SmolLM2, Llama, the tiny test Llama); any other block runs whole."""
+backward. The keys' and values' frozen projections can be computed once with the cached features
+(`key_value_bases`): then a step pays only for their adapters, if any. Exact up to float rounding (the tests check
+it in float64); applies to Llama-style blocks (`LlamaDecoderLayer`: SmolLM2, Llama, the tiny test Llama); any
+other block runs whole."""
 
 from __future__ import annotations
 
@@ -13,30 +15,66 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from transformers.models.llama.modeling_llama import LlamaDecoderLayer, rotate_half
 
+from collabalign.lora.layer import LoRALinear
+
 
 def supports(block: nn.Module) -> bool:
     """Whether `block` can run at one position: a Llama block without attention dropout."""
     return isinstance(block, LlamaDecoderLayer) and not (block.training and block.self_attn.attention_dropout)
 
 
-def block_at(block: LlamaDecoderLayer, rotary: nn.Module, hidden: Tensor, mask: Tensor, last: Tensor) -> Tensor:
+@torch.no_grad()
+def key_value_bases(block: nn.Module, hidden: Tensor) -> Tensor | None:
+    """The frozen key and value projections (N, T, 2 kv) of the states entering a Llama `block` (N, T, hidden),
+    before their adapters and the rotary embedding; None for any other block."""
+    if not isinstance(block, LlamaDecoderLayer):
+        return None
+    x = block.input_layernorm(hidden)
+    return torch.cat([_base(block.self_attn.k_proj)(x), _base(block.self_attn.v_proj)(x)], -1)
+
+
+def block_at(block: LlamaDecoderLayer, rotary: nn.Module, hidden: Tensor, mask: Tensor, last: Tensor,
+             kv_bases: Tensor | None = None) -> Tensor:
     """The block's output (N, hidden) at position `last` (N,) of each row, from the states entering it (N, T, hidden)
-    and the attention mask (N, T); positions are 0..T-1, as the Hugging Face model numbers them."""
+    and the attention mask (N, T); positions are 0..T-1, as the Hugging Face model numbers them. With `kv_bases`
+    (from `key_value_bases`, used while those projections and the norm before them stay frozen) the keys and values
+    add only their adapters' updates."""
     n, t, _ = hidden.shape
     attn, rows = block.self_attn, torch.arange(n, device=hidden.device)
+    projections = (attn.k_proj, attn.v_proj)
+    if kv_bases is not None and any(p.requires_grad for m in (*map(_base, projections), block.input_layernorm)
+                                    for p in m.parameters()):
+        kv_bases = None
+    adapted = kv_bases is None or any(isinstance(m, LoRALinear) and m.enabled for m in projections)
+    x = block.input_layernorm(hidden) if adapted else None
+    if kv_bases is None:
+        k, v = attn.k_proj(x), attn.v_proj(x)
+    else:
+        k, v = (_with_update(m, x, base) for m, base in zip(projections, kv_bases.chunk(2, -1), strict=True))
     positions = torch.arange(t, device=hidden.device)
-    x = block.input_layernorm(hidden)
     cos, sin = rotary(hidden, positions[None])  # (1, T, head_dim)
     heads = (n, t, -1, attn.head_dim)
-    keys = _rotate(attn.k_proj(x).view(heads).transpose(1, 2), cos[:, None], sin[:, None])
-    values = attn.v_proj(x).view(heads).transpose(1, 2)
-    query = attn.q_proj(x[rows, last][:, None]).view(n, 1, -1, attn.head_dim).transpose(1, 2)
-    query = _rotate(query, cos[0, last][:, None, None], sin[0, last][:, None, None])
+    keys = _rotate(k.reshape(heads).transpose(1, 2), cos[:, None], sin[:, None])
+    values = v.reshape(heads).transpose(1, 2)
+    at_last = x[rows, last] if x is not None else block.input_layernorm(hidden[rows, last])
+    query = attn.q_proj(at_last[:, None]).view(n, 1, -1, attn.head_dim)
+    query = _rotate(query.transpose(1, 2), cos[0, last][:, None, None], sin[0, last][:, None, None])
     seen = mask.bool() & (positions[None] <= last[:, None])
     out = F.scaled_dot_product_attention(query, keys, values, attn_mask=seen[:, None, None], scale=attn.scaling,
                                          enable_gqa=attn.num_key_value_groups > 1)
     h = hidden[rows, last][:, None] + attn.o_proj(out.transpose(1, 2).reshape(n, 1, -1))
     return (h + block.mlp(block.post_attention_layernorm(h)))[:, 0]
+
+
+def _base(projection: nn.Module) -> nn.Module:
+    return projection.base if isinstance(projection, LoRALinear) else projection
+
+
+def _with_update(projection: nn.Module, x: Tensor | None, base: Tensor) -> Tensor:
+    """The projection's output from its frozen part `base` (N, T, out): plus its adapter's update on x, if any."""
+    if not (isinstance(projection, LoRALinear) and projection.enabled):
+        return base
+    return projection.add_update(x, base.reshape(-1, base.shape[-1]).clone())  # the cache is never written
 
 
 def _rotate(z: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

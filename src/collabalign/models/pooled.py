@@ -98,12 +98,15 @@ class PooledModel(nn.Module):
         """Scores, shape (batch, outputs). With `features` (from `lower_features(tokens, split)`), blocks below `split`
         are skipped and their cached output is fed to block `split`."""
         blocks = layer_stack(self.backbone)[1]
-        top = blocks[-1]
+        top, width = blocks[-1], self.backbone.config.hidden_size
+        kv_bases = None
+        if features is not None and features.shape[-1] > width:  # the top block's key and value bases follow
+            features, kv_bases = features[..., :width], features[..., width:]
         if self.causal and last_token.supports(top):
             cached = features is not None and split == len(blocks) - 1
             hidden = features if cached else self._entering(top, tokens, features, split)
             mask = tokens.attention_mask
-            final = last_token.block_at(top, self.backbone.rotary_emb, hidden, mask, last_real(mask))
+            final = last_token.block_at(top, self.backbone.rotary_emb, hidden, mask, last_real(mask), kv_bases)
             return self.head(self.backbone.norm(final))
         with self._from_features(features, split):
             out = self.backbone(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
@@ -112,13 +115,22 @@ class PooledModel(nn.Module):
     @torch.no_grad()
     def lower_features(self, tokens: Tokens, split: int, batch_size: int = 64) -> Tensor:
         """Hidden states entering block `split` (0 < split < n_blocks), computed once; valid while blocks
-        below `split` stay frozen (LoRA only in the blocks from `split` up)."""
+        below `split` stay frozen (LoRA only in the blocks from `split` up). When `split` is a causal model's
+        last Llama block, its frozen key and value projections follow along the last dimension
+        (`last_token.key_value_bases`): a step then computes only their adapters."""
         _, blocks = layer_stack(self.backbone)
         if not 0 < split < len(blocks):
             raise ValueError(f"split must be in 1..{len(blocks) - 1}, got {split}")
         device = self.head.weight.device  # the features are kept on the CPU: the cache can outgrow device memory
-        return torch.cat([self._entering(blocks[split], tokens[start:start + batch_size].to(device)).cpu()
+        return torch.cat([self._frozen_part(blocks, split, tokens[start:start + batch_size].to(device)).cpu()
                           for start in range(0, len(tokens), batch_size)])
+
+    def _frozen_part(self, blocks: nn.ModuleList, split: int, tokens: Tokens) -> Tensor:
+        hidden = self._entering(blocks[split], tokens)
+        if not (self.causal and split == len(blocks) - 1):
+            return hidden
+        kv_bases = last_token.key_value_bases(blocks[split], hidden)
+        return hidden if kv_bases is None else torch.cat([hidden, kv_bases], -1)
 
     def _entering(self, block: nn.Module, tokens: Tokens, features: Tensor | None = None, split: int = 0) -> Tensor:
         """The hidden states entering `block`: the backbone run (from `features` at block `split`) up to it."""
