@@ -39,6 +39,7 @@ SMOLLM2 = ["model.backbone=smollm2-135m", "model.targets=[q_proj, v_proj]", "mod
 TINY = ["model.backbone=tiny-llama", "model.targets=[q_proj, v_proj]", "data.source=synthetic",
         "data.synthetic_pairs=20000", "data.max_length=24", "split.clients=1000", "split.min_pairs=4",
         "split.alpha=100", "train.rounds=2"]  # about 16 of the 16,000 training pairs each: one step
+REPEATS = 2  # timed runs of each engine, interleaved: the best counts
 ENGINES = {"batched": EngineOptions(), "one by one": EngineOptions(batched=False),
            "Flower simulation": EngineOptions(engine="flower")}
 
@@ -52,15 +53,15 @@ def rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def rounds(overrides: list[str], engines: list[str], repeats: int = 2) -> dict[str, tuple[dict, float]]:
+def rounds(overrides: list[str], engines: list[str]) -> dict[str, tuple[dict, float]]:
     """Per engine: (final adapters, seconds per round: the exchange and the aggregation, not the evaluation; the
-    best of `repeats` runs, the engines interleaved), the job built once and untimed, each engine warmed up."""
+    best of REPEATS runs, the engines interleaved), the job built once and untimed, each engine warmed up."""
     cfg, seed = quickstart(overrides), 0
     algorithm, data = federated_job(cfg, seed)
     for name in engines:
         simulate(algorithm, data, 1, seed, progress=False, options=ENGINES[name])  # warm-up
     out: dict[str, tuple[dict, float]] = {}
-    for _ in range(repeats):
+    for _ in range(REPEATS):
         for name in engines:
             result = simulate(algorithm, data, cfg.train.rounds, seed, progress=False, options=ENGINES[name])
             seconds = float(np.mean([t["client_s"] + t["server_s"] for t in result.timing]))
@@ -68,15 +69,15 @@ def rounds(overrides: list[str], engines: list[str], repeats: int = 2) -> dict[s
     return out
 
 
-def local_only(overrides: list[str], repeats: int = 2) -> None:
+def local_only(overrides: list[str]) -> None:
     """Round 1's exchange of the local-only baseline (each client trains its own model from the broadcast) through
-    the engine, batched and one by one, interleaved, best of `repeats`; the clients' models compared."""
+    the engine, batched and one by one, interleaved, best of REPEATS; the clients' models compared."""
     cfg, seed = quickstart(overrides), 0
     federated, data = federated_job(cfg, seed)
     algorithm = LocalOnly(federated.trainer)
     messages = algorithm.configure(algorithm.init(Seeds(seed)), 1, list(data))
     seconds, models = {}, {}
-    for batched in [True, False] * repeats:
+    for batched in [True, False] * REPEATS:
         clients = {cid: ClientContext(cid, d) for cid, d in data.items()}
         start = time.perf_counter()
         InProcess(algorithm, clients, seed, batched=batched).exchange(1, messages)
@@ -85,14 +86,14 @@ def local_only(overrides: list[str], repeats: int = 2) -> None:
     diff = max(float(np.abs(a[k] - b[k]).max()) for a, b in zip(*models.values(), strict=True) for k in a
                if k != "head.bias")
     batched, one = seconds[True], seconds[False]
-    print(f"\nLocal-only, {len(data):,} clients, round 1's exchange (best of {repeats}): batched {batched:.2f} s, "
+    print(f"\nLocal-only, {len(data):,} clients, round 1's exchange (best of {REPEATS}): batched {batched:.2f} s, "
           f"one by one {one:.2f} s, {one / batched:.2f}x; max |diff| of the clients' models {diff:.2e} (float32: "
           "Adam's first step normalises rounding noise of near-zero gradients)")
 
 
 def report(title: str, runs: dict[str, tuple[dict, float]]) -> None:
     base, base_s = runs["batched"]
-    print(f"\n{title} (best of 2); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
+    print(f"\n{title} (best of {REPEATS}); load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
     print(f"{'engine':<22}{'s / round':>11}{'rounds / s':>12}{'x batched':>11}{'max |diff| vs batched':>24}")
     for name, (state, seconds) in runs.items():
         diff = max(float(np.abs(state[k] - base[k]).max()) for k in base if k != "head.bias")

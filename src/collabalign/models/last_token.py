@@ -42,9 +42,8 @@ def block_at(block: LlamaDecoderLayer, rotary: nn.Module, hidden: Tensor, mask: 
     n, t, _ = hidden.shape
     attn, rows = block.self_attn, torch.arange(n, device=hidden.device)
     projections = (attn.k_proj, attn.v_proj)
-    if kv_bases is not None and any(p.requires_grad for m in (*map(_base, projections), block.input_layernorm)
-                                    for p in m.parameters()):
-        kv_bases = None
+    if kv_bases is not None and not _frozen(block):
+        kv_bases = None  # a trained projection or norm: the cached bases are stale
     adapted = kv_bases is None or any(isinstance(m, LoRALinear) and m.enabled for m in projections)
     x = block.input_layernorm(hidden) if adapted else None
     if kv_bases is None:
@@ -64,6 +63,12 @@ def block_at(block: LlamaDecoderLayer, rotary: nn.Module, hidden: Tensor, mask: 
                                          enable_gqa=attn.num_key_value_groups > 1)
     h = hidden[rows, last][:, None] + attn.o_proj(out.transpose(1, 2).reshape(n, 1, -1))
     return (h + block.mlp(block.post_attention_layernorm(h)))[:, 0]
+
+
+def _frozen(block: LlamaDecoderLayer) -> bool:
+    """Whether what `key_value_bases` computes stays fixed: the keys' and values' bases and the norm before them."""
+    modules = (_base(block.self_attn.k_proj), _base(block.self_attn.v_proj), block.input_layernorm)
+    return not any(p.requires_grad for m in modules for p in m.parameters())
 
 
 def _base(projection: nn.Module) -> nn.Module:
