@@ -100,15 +100,19 @@ def test_attention_dropout_in_training_runs_the_whole_block(gqa_llama):
 
 def test_the_last_blocks_cache_holds_its_frozen_keys_and_values(gqa_llama):
     """Cached at the last block: the states entering it, then its key and value projections before LoRA (2 key-value
-    heads of 8: 16 columns each); below it the states alone."""
+    heads of 8: 16 columns each), the keys rotated; below it the states alone."""
     backbone, tokenizer = gqa_llama
     pooled, split = model_with_lora(backbone, 1, ["k_proj", "v_proj"])
     tokens = tokenize(tokenizer, TEXTS, 32)
     features = pooled.lower_features(tokens, split)
     top = layer_stack(pooled.backbone)[1][split]
     x = top.input_layernorm(features[..., :32])
-    attn = top.self_attn
-    torch.testing.assert_close(features[..., 32:], torch.cat([attn.k_proj.base(x), attn.v_proj.base(x)], -1))
+    attn, n, t = top.self_attn, *tokens.input_ids.shape
+    cos, sin = pooled.backbone.rotary_emb(x, torch.arange(t)[None])
+    keys = attn.k_proj.base(x).view(n, t, 2, 8).transpose(1, 2)
+    keys = keys * cos[:, None] + torch.cat([-keys[..., 4:], keys[..., :4]], -1) * sin[:, None]  # rotary, by hand
+    torch.testing.assert_close(features[..., 32:], torch.cat([keys.transpose(1, 2).reshape(n, t, 16),
+                                                              attn.v_proj.base(x)], -1))
     assert pooled.lower_features(tokens, split - 1).shape == (*tokens.input_ids.shape, 32)
 
 

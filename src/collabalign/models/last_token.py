@@ -3,10 +3,10 @@
 The score of a causal LM pooled at the last real token depends on the last block's output at that position alone.
 There the keys and values still need every position, but the query, the attention output, the MLP and both norms
 need only that one: for SmolLM2's block at 48 tokens that skips about 90% of the block's arithmetic, forward and
-backward. The keys' and values' frozen projections can be computed once with the cached features
-(`key_value_bases`): then a step pays only for their adapters, if any. Exact up to float rounding (the tests check
-it in float64); applies to Llama-style blocks (`LlamaDecoderLayer`: SmolLM2, Llama, the tiny test Llama); any
-other block runs whole."""
+backward. The keys' and values' frozen projections (the keys rotated) can be computed once with the cached
+features (`key_value_bases`): then a step pays only for their adapters, if any. Exact up to float rounding (the
+tests check it in float64); applies to Llama-style blocks (`LlamaDecoderLayer`: SmolLM2, Llama, the tiny test
+Llama); any other block runs whole."""
 
 from __future__ import annotations
 
@@ -24,13 +24,16 @@ def supports(block: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def key_value_bases(block: nn.Module, hidden: Tensor) -> Tensor | None:
+def key_value_bases(block: nn.Module, rotary: nn.Module, hidden: Tensor) -> Tensor | None:
     """The frozen key and value projections (N, T, 2 kv) of the states entering a Llama `block` (N, T, hidden),
-    before their adapters and the rotary embedding; None for any other block."""
+    before their adapters, the keys rotated at positions 0..T-1 (still theirs when texts are cut on the right only,
+    as `Tokens.trimmed` cuts); None for any other block."""
     if not isinstance(block, LlamaDecoderLayer):
         return None
-    x = block.input_layernorm(hidden)
-    return torch.cat([_base(block.self_attn.k_proj)(x), _base(block.self_attn.v_proj)(x)], -1)
+    n, t, _ = hidden.shape
+    x, heads = block.input_layernorm(hidden), _heads(block.self_attn, n, t)
+    keys = _rotate(heads(_base(block.self_attn.k_proj)(x)), *_cos_sin(rotary, hidden))
+    return torch.cat([keys.transpose(1, 2).reshape(n, t, -1), _base(block.self_attn.v_proj)(x)], -1)
 
 
 def block_at(block: LlamaDecoderLayer, rotary: nn.Module, hidden: Tensor, mask: Tensor, last: Tensor,
@@ -40,25 +43,23 @@ def block_at(block: LlamaDecoderLayer, rotary: nn.Module, hidden: Tensor, mask: 
     (from `key_value_bases`, used while those projections and the norm before them stay frozen) the keys and values
     add only their adapters' updates."""
     n, t, _ = hidden.shape
-    attn, rows = block.self_attn, torch.arange(n, device=hidden.device)
-    projections = (attn.k_proj, attn.v_proj)
+    attn, rows, heads = block.self_attn, torch.arange(n, device=hidden.device), _heads(block.self_attn, n, t)
+    cos, sin = _cos_sin(rotary, hidden)
     if kv_bases is not None and not _frozen(block):
         kv_bases = None  # a trained projection or norm: the cached bases are stale
-    adapted = kv_bases is None or any(isinstance(m, LoRALinear) and m.enabled for m in projections)
+    adapted = kv_bases is None or _adapted(attn.k_proj) or _adapted(attn.v_proj)
     x = block.input_layernorm(hidden) if adapted else None
     if kv_bases is None:
-        k, v = attn.k_proj(x), attn.v_proj(x)
+        keys, values = _rotate(heads(attn.k_proj(x)), cos, sin), heads(attn.v_proj(x))
     else:
-        k, v = (_with_update(m, x, base) for m, base in zip(projections, kv_bases.chunk(2, -1), strict=True))
-    positions = torch.arange(t, device=hidden.device)
-    cos, sin = rotary(hidden, positions[None])  # (1, T, head_dim)
-    heads = (n, t, -1, attn.head_dim)
-    keys = _rotate(k.reshape(heads).transpose(1, 2), cos[:, None], sin[:, None])
-    values = v.reshape(heads).transpose(1, 2)
+        k_base, v_base = kv_bases.chunk(2, -1)
+        keys, values = heads(k_base), heads(_with_update(attn.v_proj, x, v_base))
+        if _adapted(attn.k_proj):  # the cached keys are rotated: the update is rotated apart (the rotation is linear)
+            keys = keys + _rotate(heads(_with_update(attn.k_proj, x, torch.zeros_like(k_base))), cos, sin)
     at_last = x[rows, last] if x is not None else block.input_layernorm(hidden[rows, last])
     query = attn.q_proj(at_last[:, None]).view(n, 1, -1, attn.head_dim)
-    query = _rotate(query.transpose(1, 2), cos[0, last][:, None, None], sin[0, last][:, None, None])
-    seen = mask.bool() & (positions[None] <= last[:, None])
+    query = _rotate(query.transpose(1, 2), cos[0, 0, last][:, None, None], sin[0, 0, last][:, None, None])
+    seen = mask.bool() & (torch.arange(t, device=hidden.device)[None] <= last[:, None])
     out = F.scaled_dot_product_attention(query, keys, values, attn_mask=seen[:, None, None], scale=attn.scaling,
                                          enable_gqa=attn.num_key_value_groups > 1)
     h = hidden[rows, last][:, None] + attn.o_proj(out.transpose(1, 2).reshape(n, 1, -1))
@@ -75,11 +76,26 @@ def _base(projection: nn.Module) -> nn.Module:
     return projection.base if isinstance(projection, LoRALinear) else projection
 
 
+def _adapted(projection: nn.Module) -> bool:
+    return isinstance(projection, LoRALinear) and projection.enabled
+
+
 def _with_update(projection: nn.Module, x: Tensor | None, base: Tensor) -> Tensor:
     """The projection's output from its frozen part `base` (N, T, out): plus its adapter's update on x, if any."""
-    if not (isinstance(projection, LoRALinear) and projection.enabled):
+    if not _adapted(projection):
         return base
     return projection.add_update(x, base.reshape(-1, base.shape[-1]).clone())  # the cache is never written
+
+
+def _heads(attn: nn.Module, n: int, t: int):
+    """(N, T, heads * head_dim) -> (N, heads, T, head_dim)."""
+    return lambda z: z.reshape(n, t, -1, attn.head_dim).transpose(1, 2)
+
+
+def _cos_sin(rotary: nn.Module, hidden: Tensor) -> tuple[Tensor, Tensor]:
+    """The rotary embedding at positions 0..T-1, shaped (1, 1, T, head_dim) for (N, heads, T, head_dim)."""
+    cos, sin = rotary(hidden, torch.arange(hidden.shape[1], device=hidden.device)[None])
+    return cos[:, None], sin[:, None]
 
 
 def _rotate(z: Tensor, cos: Tensor, sin: Tensor) -> Tensor:

@@ -129,7 +129,7 @@ class PooledModel(nn.Module):
         hidden = self._entering(blocks[split], tokens)
         if not (self.causal and split == len(blocks) - 1):
             return hidden
-        kv_bases = last_token.key_value_bases(blocks[split], hidden)
+        kv_bases = last_token.key_value_bases(blocks[split], self.backbone.rotary_emb, hidden)
         return hidden if kv_bases is None else torch.cat([hidden, kv_bases], -1)
 
     def _entering(self, block: nn.Module, tokens: Tokens, features: Tensor | None = None, split: int = 0) -> Tensor:
