@@ -55,7 +55,7 @@ def block_at(block: LlamaDecoderLayer, rotary: nn.Module, hidden: Tensor, mask: 
         k_base, v_base = kv_bases.chunk(2, -1)
         keys, values = heads(k_base), heads(_with_update(attn.v_proj, x, v_base))
         if _adapted(attn.k_proj):  # the cached keys are rotated: the update is rotated apart (the rotation is linear)
-            keys = keys + _rotate(heads(_with_update(attn.k_proj, x, torch.zeros_like(k_base))), cos, sin)
+            keys = keys + _rotate(heads(attn.k_proj.add_update(x, k_base.new_zeros(n * t, k_base.shape[-1]))), cos, sin)
     at_last = x[rows, last] if x is not None else block.input_layernorm(hidden[rows, last])
     query = attn.q_proj(at_last[:, None]).view(n, 1, -1, attn.head_dim)
     query = _rotate(query.transpose(1, 2), cos[0, 0, last][:, None, None], sin[0, 0, last][:, None, None])
