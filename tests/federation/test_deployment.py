@@ -25,9 +25,9 @@ if shutil.which("flower-superlink") is None:
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model.backbone=tiny-llama", "model.targets=[q_proj, v_proj]", "data.source=synthetic",
-        "data.synthetic_pairs=72", "data.max_length=24", "split.clients=3", "split.min_pairs=4", "train.rounds=6"]
+        "data.synthetic_pairs=72", "data.max_length=24", "split.clients=3", "split.min_pairs=4", "train.rounds=5"]
 RUN_CONFIG = {"overrides": "; ".join(TINY), "seed": 3, "min-replies": 2, "timeout": 30.0}
-KILLED = 2  # partition (and client index) of the SuperNode that is killed after round 1
+KILLED = 2  # partition (and client index) of the SuperNode that is killed once round 0 (the evaluation) is recorded
 
 
 class Dropping(FedAvg):
@@ -49,14 +49,14 @@ def records(out: Path) -> list[dict]:
 
 
 def run_with_a_crash(deployment: LoopbackDeployment, out: Path, deadline_s: float = 400) -> list[dict]:
-    """`flwr run .`; SuperNode KILLED is killed once round 1 is recorded and restarted once it is dropped."""
+    """`flwr run .`; SuperNode KILLED is killed once round 0 is recorded and restarted once it is dropped."""
     run = deployment.run(ROOT, {**RUN_CONFIG, "out": str(out)})
     killed = restarted = False
     deadline = time.monotonic() + deadline_s
     while run.poll() is None:
         assert time.monotonic() < deadline, "the run did not finish in time:\n" + deployment.log("run")
         rounds = records(out)
-        if not killed and any(r["round"] >= 1 for r in rounds):
+        if not killed and rounds:
             deployment.kill_node(KILLED)
             killed = True
         if killed and not restarted and any(r.get("dropped") for r in rounds):
@@ -74,10 +74,10 @@ def test_deployment_with_tls_node_auth_and_a_crashed_node_equals_the_simulator(t
         deployment.wait_status([0, 1, 2], "online")
         metrics = run_with_a_crash(deployment, tmp_path / "out")
 
-    assert [r["round"] for r in metrics] == list(range(7))
+    assert [r["round"] for r in metrics] == list(range(6))
     drops = {(key.split("@")[0], int(key.split("@")[1])) for r in metrics for key in r.get("dropped_clients", {})}
-    assert ("client2", 2) in drops  # killed after round 1: gone in round 2, named in that round's record
-    assert all(rnd > 1 for _, rnd in drops)  # nobody was dropped before the crash
+    assert ("client2", 1) in drops  # killed after round 0: gone in round 1, named in that round's record
+    assert all(rnd > 0 for _, rnd in drops)  # nobody was dropped before the crash
     assert "dropped" not in metrics[-1]  # restarted, it rejoined and answered (fraction 1: every node, every round)
 
     # In process, the same job (each client's pairs encoded on their own, as on its node) with the same clients
