@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
 import yaml
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat, PositiveInt, ValidationError
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
@@ -35,6 +35,17 @@ Distinct = Annotated[list[T], AfterValidator(_distinct)]  # a list of distinct v
 Grid = Annotated[list[T], Field(min_length=1), AfterValidator(_distinct)]  # seeds, methods, a sweep's values
 Fraction = Annotated[float, Field(gt=0, le=1)]  # a share that must keep something: (0, 1]
 Probability = Annotated[float, Field(ge=0, le=1)]  # [0, 1]: a probability, or a share that may be 0
+
+
+class LoRASection(Strict):
+    """The `lora:` section of every entry point: rank, alpha (scale alpha / rank), the linear layers it adapts (None:
+    the architecture's defaults, `lora.targets.DEFAULT_TARGETS`) and how many top blocks get it (None: all)."""
+
+    rank: PositiveInt = 8
+    alpha: PositiveFloat = 16.0
+    targets: Distinct[str] | None = None
+    blocks: PositiveInt | None = None
+    dropout: float = Field(0.0, ge=0, lt=1)
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:

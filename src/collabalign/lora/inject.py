@@ -20,14 +20,15 @@ def matches(name: str, targets: list[str]) -> bool:
 def inject_lora(model: nn.Module, targets: list[str], rank: int, alpha: float | None = None,
                 parties_a: int | None = None, parties_b: int | None = None, dropout: float = 0.0,
                 generator: torch.Generator | None = None) -> dict[str, LoRALinear]:
-    """Replaces every nn.Linear whose name matches `targets` with a LoRALinear; freezes the whole base model.
+    """Replaces every nn.Linear (or GPT-2 Conv1D) whose name matches `targets` with a LoRALinear; freezes the whole
+    base model.
 
     Returns {module name: layer} in model order. Raises if nothing matched, listing some linear names.
     """
     for p in model.parameters():
         p.requires_grad_(False)
-    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear)]
-    chosen = [(n, m) for n, m in linears if matches(n, targets)]
+    linears = [(n, m) for n, m in model.named_modules() if isinstance(m, nn.Linear) or is_conv1d(m)]
+    chosen = [(n, as_linear(m)) for n, m in linears if matches(n, targets)]
     if not chosen:
         sample = ", ".join(n for n, _ in linears[:8])
         raise ValueError(f"no linear layer matches targets {targets}; linear layers include: {sample}")
@@ -39,6 +40,22 @@ def inject_lora(model: nn.Module, targets: list[str], rank: int, alpha: float | 
         setattr(model.get_submodule(parent_name) if parent_name else model, child, layer)
         layers[name] = layer
     return layers
+
+
+def is_conv1d(module: nn.Module) -> bool:
+    """GPT-2's `Conv1D`: a linear map stored transposed (weight (in, out))."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+
+
+def as_linear(module: nn.Module) -> nn.Linear:
+    """The module as an nn.Linear: itself, or a Conv1D's transposed weight (a view, no copy) and bias."""
+    if not is_conv1d(module):
+        return module
+    linear = nn.Linear(module.weight.shape[0], module.weight.shape[1], device="meta")
+    linear.weight = nn.Parameter(module.weight.detach().T, requires_grad=False)
+    linear.bias = nn.Parameter(module.bias.detach(), requires_grad=False)
+    linear.fan_in_fan_out = True  # PEFT's flag for such layers, carried into the adapter config
+    return linear
 
 
 def lora_layers(model: nn.Module) -> dict[str, LoRALinear]:
