@@ -1,5 +1,5 @@
 """`collabalign run CONFIG [a.b=value ...] [--out DIR] [--force]`, `resume RUN_DIR`, `reproduce NAME|all [--quick]
-[--out DIR]`, `report DIR`, `list`."""
+[--out DIR]`, `report DIR`, `list`, `score RUN --file TEXTS.jsonl [--user U]`, `generate RUN --prompt TEXT`."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from collabalign.artifacts import ArtifactError
 from collabalign.comm import MessageError
 from collabalign.config import ConfigError, apply_overrides, field_problems, read_yaml, validate
 from collabalign.data.errors import DataError
@@ -23,7 +24,8 @@ from collabalign.report import summarise_reports, write_report
 from collabalign.runs import RunDir
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-USER_ERRORS = (ConfigError, DataError, MessageError, ValidationError)  # one line and exit code 2, never a traceback
+# one line and exit code 2, never a traceback
+USER_ERRORS = (ArtifactError, ConfigError, DataError, MessageError, ValidationError)
 
 
 def _experiment(name: str) -> ModuleType:
@@ -147,6 +149,34 @@ def error_line(err: Exception) -> str:
     return head + (": " + "; ".join(rest) if rest else "")
 
 
+def score(run: Path, file: Path, user: str | None, adapter: str | None) -> None:
+    """Prints each text of `file` as a JSON line with its score (a reward model) or scores (a classifier)."""
+    import json
+
+    from collabalign.data.formats import load_texts
+    from collabalign.models.saved import SavedScorer
+
+    texts, second = load_texts(file)
+    scores = SavedScorer(run, f"user-{user}" if user is not None else adapter)(texts, second)
+    for i, text in enumerate(texts):
+        value = scores[i].tolist()
+        print(json.dumps({"text": text, **({"text_pair": second[i]} if second else {}),
+                          ("score" if scores.ndim == 1 else "scores"): value}))
+
+
+def generate(run: Path, prompts: list[str], adapter: str | None, max_new_tokens: int, temperature: float,
+             seed: int) -> None:
+    """Prints one reply per prompt from the run's saved policy."""
+    from collabalign.models.saved import saved_policy
+    from collabalign.seeding import Seeds
+
+    policy = saved_policy(run, adapter)
+    rollout = policy.generate(prompts, max_new_tokens, generator=Seeds(seed).torch("generate"),
+                              temperature=temperature)
+    for text in rollout.texts:
+        print(text)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="collabalign", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -164,6 +194,19 @@ def main(argv: list[str] | None = None) -> int:
     p_report = sub.add_parser("report", help="rewrite report.md of a run directory")
     p_report.add_argument("run_dir", type=Path)
     sub.add_parser("list", help="list experiments and their configs")
+    p_score = sub.add_parser("score", help="score texts with a saved reward model or classifier (JSON lines out)")
+    p_score.add_argument("run_dir", type=Path, help="a folder an entry point saved (manifest.json, adapters/)")
+    p_score.add_argument("--file", type=Path, required=True,
+                         help='JSONL rows {"text", "text_pair"?} or {"prompt", "response"}')
+    p_score.add_argument("--user", help="a P-ShareLoRA user's own reward model (adapter user-USER)")
+    p_score.add_argument("--adapter", help="which saved adapter (default: the only one, or global)")
+    p_gen = sub.add_parser("generate", help="sample replies from a saved policy")
+    p_gen.add_argument("run_dir", type=Path)
+    p_gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
+    p_gen.add_argument("--adapter", help="which saved adapter (default: the only one)")
+    p_gen.add_argument("--max-new-tokens", type=int, default=64)
+    p_gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
+    p_gen.add_argument("--seed", type=int, default=0)
     for p in (p_run, p_resume, p_rep):
         p.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
@@ -184,6 +227,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(summarise_reports(dirs, args.out))
         elif args.command == "report":
             print(report(args.run_dir))
+        elif args.command == "score":
+            score(args.run_dir, args.file, args.user, args.adapter)
+        elif args.command == "generate":
+            generate(args.run_dir, args.prompt, args.adapter, args.max_new_tokens, args.temperature, args.seed)
         else:
             print("config name (for `collabalign run NAME`)   file")
             for name in sorted(EXPERIMENTS):

@@ -1,8 +1,10 @@
 import json
 
 import numpy as np
+import pytest
 from peft import PeftModel
 
+from collabalign.cli import main
 from collabalign.methods.fedavg_lora import FedAvgLoRAConfig, train_fedavg_lora
 from collabalign.models.backbones import tiny_llama
 from collabalign.models.saved import SavedScorer
@@ -31,3 +33,24 @@ def test_trains_on_a_users_file_and_saves_a_peft_reward_model(tmp_path):
 
 def test_malformed_line(tmp_path):
     assert_bad_line_named(lambda p: train_fedavg_lora(CONFIG, p), tmp_path, user_pairs(6), "chosen", 7)
+
+
+def test_score_cli_prints_the_saved_models_scores(tmp_path, capsys):
+    result = train_fedavg_lora(CONFIG.model_copy(update={"rounds": 1}), write_jsonl(tmp_path / "m.jsonl",
+                                                                                    user_pairs(12)))
+    run = result.save(tmp_path / "run")
+    texts = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "About quince?", "response": "Sweet."}, {"text": "hm"}])
+    assert main(["score", str(run), "--file", str(texts)]) == 0
+    printed = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    expected = pooled_scores(result.model, tiny_llama().tokenizer, ["About quince?Sweet.", "hm"], 32)[:, 0]
+    np.testing.assert_allclose([row["score"] for row in printed], expected, atol=1e-5)
+    assert main(["score", str(run), "--file", str(texts), "--user", "nobody"]) == 2
+    assert "no adapter 'user-nobody'" in capsys.readouterr().err
+    assert main(["generate", str(run), "--prompt", "hi"]) == 2  # a reward model is no policy: one line
+
+
+@pytest.mark.parametrize("command", ["score", "generate"])
+def test_help(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0 and "run_dir" in capsys.readouterr().out

@@ -129,3 +129,25 @@ def pairs_and_hash(data: str | Path | PreferenceSet, require: tuple[str, ...] = 
 
 def _field(pair: PreferencePair, name: str) -> str | None:
     return pair.party if name == "user" else pair.attributes.get(name)
+
+
+def load_texts(path: str | Path) -> tuple[list[str], list[str] | None]:
+    """Texts to score: rows {"text", "text_pair"?} (a classifier's input) or {"prompt", "response"} (scored as
+    prompt + response, as reward models are trained); one form in every row."""
+    texts, pairs = [], []
+    for line, obj in read_jsonl(path):
+        if isinstance(obj, DataError):
+            raise obj
+        if "text" in obj:
+            texts.append(require_text(obj, "text", path, line))
+            if "text_pair" in obj:
+                pairs.append(require_text(obj, "text_pair", path, line))
+        elif "prompt" in obj:
+            texts.append(require_text(obj, "prompt", path, line) + require_text(obj, "response", path, line))
+        else:
+            raise DataError(path, line, "text", "missing field (give text, or prompt and response)")
+        if pairs and len(pairs) != len(texts):
+            raise DataError(path, line, "text_pair", "missing here but given on an earlier line")
+    if not texts:
+        raise DataError(path, None, None, "no rows")
+    return texts, pairs or None

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -43,7 +44,9 @@ class SavedScorer:
             raise ArtifactError(f"{folder}: no head.safetensors")
         backbone = backbone or load_backbone(manifest["base_model"])
         self.tokenizer, self.causal = backbone.tokenizer, backbone.causal
-        self.model = PeftModel.from_pretrained(backbone.model, str(folder)).eval()
+        with warnings.catch_warnings():  # peft calls a transformers property deprecated in v5
+            warnings.simplefilter("ignore", FutureWarning)
+            self.model = PeftModel.from_pretrained(backbone.model, str(folder)).eval()
         self.head_weight, self.head_bias = head["weight"], head["bias"]
         self.max_length = int(manifest.get("max_length", 512))
 
