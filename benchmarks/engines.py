@@ -18,11 +18,11 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from collabalign.app import job_config
+from collabalign.comm import Params
 from collabalign.experiments.quickstart.comparison import client_ids, federated_job
 from collabalign.federation import simulate
 from collabalign.federation.deploy import LoopbackDeployment
 from collabalign.federation.engine import EngineOptions
-from collabalign.methods.fedavg import Params
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.backbone=tiny-llama", "model.targets=[q_proj, v_proj]", "data.source=synthetic",

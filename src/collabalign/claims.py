@@ -22,6 +22,7 @@ returns the record that goes into summary.json. No verdict is decided anywhere e
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -275,3 +276,10 @@ def _rounded(value: Any) -> Any:
     if isinstance(value, np.floating | float):
         return _round(float(value))
     return value
+
+
+def tagged(claim: Claim, tag: str = "", suffix: str = "", post_hoc: bool = False) -> Claim:
+    """The declared claim as decided in one setting, "[tag] name suffix"; post hoc when that setting was added after
+    its results were seen."""
+    name = " ".join(p for p in (f"[{tag}]" if tag else "", claim.name, suffix) if p)
+    return dataclasses.replace(claim, name=name, post_hoc=claim.post_hoc or post_hoc)

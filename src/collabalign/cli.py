@@ -1,10 +1,12 @@
 """`collabalign run CONFIG [a.b=value ...] [--out DIR] [--force]`, `resume RUN_DIR`, `reproduce NAME|all [--quick]
-[--out DIR]`, `report DIR`, `list`, `score RUN --file TEXTS.jsonl [--user U]`, `generate RUN --prompt TEXT`."""
+[--out DIR]`, `report DIR`, `list`, `train METHOD --data FILE [a.b=value ...] --out DIR`,
+`score RUN --file TEXTS.jsonl [--user U]`, `generate RUN --prompt TEXT`, `demo [--out DIR]`."""
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import shutil
 import sys
 import time
@@ -24,6 +26,15 @@ from collabalign.report import summarise_reports, write_report
 from collabalign.runs import RunDir
 
 CONFIG_DIR = Path(__file__).parent / "configs"
+# each method's entry point: (module, config class, train function); the data file's format is the method's
+TRAINERS = {
+    "fedavg-lora": ("collabalign.methods.fedavg_lora", "FedAvgLoRAConfig", "train_fedavg_lora"),
+    "pshare-lora": ("collabalign.methods.pshare_lora.entry", "PShareLoRAConfig", "train_pshare_lora"),
+    "meta-reward": ("collabalign.methods.meta_reward.entry", "MetaRewardConfig", "train_meta_reward"),
+    "firm": ("collabalign.methods.firm.entry", "FIRMConfig", "train_firm"),
+    "fslora": ("collabalign.methods.fslora.entry", "FSLoRAConfig", "train_fslora"),
+    "affpcl": ("collabalign.methods.affpcl.entry", "AffPCLConfig", "train_affpcl"),
+}
 # one line and exit code 2, never a traceback
 USER_ERRORS = (ArtifactError, ConfigError, DataError, MessageError, ValidationError)
 
@@ -149,10 +160,26 @@ def error_line(err: Exception) -> str:
     return head + (": " + "; ".join(rest) if rest else "")
 
 
+def train(method: str, data: Path, config: Path | None, overrides: list[str], out: Path, progress: bool) -> Path:
+    """Trains `method` through its entry point on a data file (config from a YAML file and/or overrides) and saves
+    the result in `out`; returns the manifest's path."""
+    if method not in TRAINERS:
+        raise ConfigError(f"unknown method {method!r}; known: {', '.join(TRAINERS)}")
+    module_name, config_name, function = TRAINERS[method]
+    module = importlib.import_module(module_name)
+    values = apply_overrides(read_yaml(config) if config is not None else {}, overrides)
+    cfg = validate(getattr(module, config_name), values, str(config or "overrides"))
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"{out}: exists and is not an empty folder; choose another --out")
+    result = getattr(module, function)(cfg, data, progress=progress)
+    result.save(out)
+    shown = {k: v for k, v in result.metrics.items() if isinstance(v, int | float | str)}
+    print(f"{method}: {json.dumps(shown)}", file=sys.stderr)
+    return out / "manifest.json"
+
+
 def score(run: Path, file: Path, user: str | None, adapter: str | None) -> None:
     """Prints each text of `file` as a JSON line with its score (a reward model) or scores (a classifier)."""
-    import json
-
     from collabalign.data.formats import load_texts
     from collabalign.models.saved import SavedScorer
 
@@ -194,12 +221,20 @@ def main(argv: list[str] | None = None) -> int:
     p_report = sub.add_parser("report", help="rewrite report.md of a run directory")
     p_report.add_argument("run_dir", type=Path)
     sub.add_parser("list", help="list experiments and their configs")
+    p_train = sub.add_parser("train", help="train a method on your own data file and save its adapters")
+    p_train.add_argument("method", help=f"one of: {', '.join(TRAINERS)}")
+    p_train.add_argument("overrides", nargs="*", help="config values, e.g. model=smollm2-135m lora.rank=4")
+    p_train.add_argument("--data", type=Path, required=True, help="the method's JSONL file (AffPCL: an .npz file)")
+    p_train.add_argument("--config", type=Path, help="a YAML file with the method's config")
+    p_train.add_argument("--out", type=Path, required=True, help="an empty or new folder for the saved run")
     p_score = sub.add_parser("score", help="score texts with a saved reward model or classifier (JSON lines out)")
     p_score.add_argument("run_dir", type=Path, help="a folder an entry point saved (manifest.json, adapters/)")
     p_score.add_argument("--file", type=Path, required=True,
                          help='JSONL rows {"text", "text_pair"?} or {"prompt", "response"}')
     p_score.add_argument("--user", help="a P-ShareLoRA user's own reward model (adapter user-USER)")
     p_score.add_argument("--adapter", help="which saved adapter (default: the only one, or global)")
+    p_demo = sub.add_parser("demo", help="train each method on the example data and write one report")
+    p_demo.add_argument("--out", type=Path, default=Path("runs/demo"))
     p_gen = sub.add_parser("generate", help="sample replies from a saved policy")
     p_gen.add_argument("run_dir", type=Path)
     p_gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
@@ -207,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--max-new-tokens", type=int, default=64)
     p_gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p_gen.add_argument("--seed", type=int, default=0)
-    for p in (p_run, p_resume, p_rep):
+    for p in (p_run, p_resume, p_rep, p_train):
         p.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -227,8 +262,14 @@ def main(argv: list[str] | None = None) -> int:
                 print(summarise_reports(dirs, args.out))
         elif args.command == "report":
             print(report(args.run_dir))
+        elif args.command == "train":
+            print(train(args.method, args.data, args.config, args.overrides, args.out, not args.no_progress))
         elif args.command == "score":
             score(args.run_dir, args.file, args.user, args.adapter)
+        elif args.command == "demo":
+            from collabalign.demo import run_demo
+
+            print(run_demo(args.out))
         elif args.command == "generate":
             generate(args.run_dir, args.prompt, args.adapter, args.max_new_tokens, args.temperature, args.seed)
         else:

@@ -19,6 +19,8 @@ from safetensors.numpy import save as st_save
 
 _META_KEY = "meta"
 
+Params = dict[str, np.ndarray]  # named arrays: an adapter state, a reply, a server state
+
 
 class MessageError(ValueError):
     """Bytes that are not a valid serialised Message; the message says why in one line."""

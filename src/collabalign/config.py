@@ -38,8 +38,9 @@ Probability = Annotated[float, Field(ge=0, le=1)]  # [0, 1]: a probability, or a
 
 
 class LoRASection(Strict):
-    """The `lora:` section of every entry point: rank, alpha (scale alpha / rank), the linear layers it adapts (None:
-    the architecture's defaults, `lora.targets.DEFAULT_TARGETS`) and how many top blocks get it (None: all)."""
+    """The `lora:` section of every entry point: rank, alpha (scale alpha / rank unless the method defines its own,
+    as FSLoRA's alpha / sqrt(rank)), the linear layers it adapts (None: the architecture's defaults,
+    `lora.targets.DEFAULT_TARGETS`) and how many top blocks get it (None: all)."""
 
     rank: PositiveInt = 8
     alpha: PositiveFloat = 16.0

@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import matplotlib
+import numpy as np
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-__all__ = ["finish", "line_plot", "plt"]
+__all__ = ["ema", "finish", "line_plot", "plt", "save"]
 
 
 def line_plot(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str,
@@ -30,6 +31,25 @@ def finish(fig: plt.Figure, ax: plt.Axes, ylabel: str, title: str, path: Path, x
     ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    save(fig, path)
+
+
+def save(fig: plt.Figure, path: Path, title: str | None = None, tight: bool = True) -> None:
+    """Saves a figure as PNG (110 dpi) and closes it; `title` as the figure's suptitle."""
+    if title is not None:
+        fig.suptitle(title)
+    if tight:
+        fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def ema(values: np.ndarray, half_life: float, axis: int = -1) -> np.ndarray:
+    """pandas' ewm(halflife=half_life, adjust=True).mean() along `axis`."""
+    x = np.moveaxis(np.asarray(values, dtype=float), axis, 0)
+    decay = 0.5 ** (1 / half_life)
+    num, den, out = np.zeros(x.shape[1:]), 0.0, np.empty(x.shape)
+    for t in range(len(x)):
+        num, den = decay * num + x[t], decay * den + 1.0
+        out[t] = num / den
+    return np.moveaxis(out, 0, axis)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from collabalign.data import shared_data_dir
+from collabalign.data.hh_rlhf import HH_FILE
 
 SHARED = shared_data_dir()
 needs_shared_data = [
@@ -44,7 +45,6 @@ def mnli_row(i: int, premise: str, hypothesis: str, *labels: str) -> str:
 HH_ROWS = [{"chosen": f"\n\nHuman: Question {i}?\n\nAssistant: Sorry, I can't help you with {i}.",
             "rejected": f"\n\nHuman: Question {i}?\n\nAssistant: Sure! Do you want more? " + "word " * (i % 5)}
            for i in range(24)]
-HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"  # where the shared data folder holds HH-RLHF's harmless test pairs
 
 
 def write_hh(root: Path) -> Path:

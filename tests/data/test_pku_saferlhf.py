@@ -3,7 +3,8 @@
 import pytest
 
 from collabalign.data import DataError
-from collabalign.data.pku_saferlhf import HH_HARMLESS_FILE, PKU_FILE, hh_prompts, load_pku_saferlhf, pku_prompts
+from collabalign.data.hh_rlhf import HH_FILE
+from collabalign.data.pku_saferlhf import PKU_FILE, hh_prompts, load_pku_saferlhf, pku_prompts
 from tests.data.helpers import SHARED, jsonl, write, write_hh
 
 
@@ -58,5 +59,5 @@ def test_real_pku_rows_and_hh_prompts():
     assert sum(r.better_response_id != r.safer_response_id for r in rows) == 91  # as the shared README says
     safe_share = sum(s for r in rows for s in r.safe) / 788
     assert 0.5 < safe_share < 0.56
-    prompts = hh_prompts(SHARED / HH_HARMLESS_FILE)
+    prompts = hh_prompts(SHARED / HH_FILE)
     assert len(prompts) > 2000 and all(p and "Assistant:" not in p for p in prompts)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from collabalign.claims import Claim
 from collabalign.experiments.meta_reward import bandit
 from collabalign.experiments.meta_reward.bandit import CLAIMS, BanditConfig, part
 from collabalign.runs import RunDir
@@ -28,7 +29,7 @@ def quick(tmp_path_factory):
 
 def test_every_declared_claim_is_decided_in_every_setting(quick):
     cfg, result, _ = quick
-    assert {c.name for c in CLAIMS} == {v.name for v in vars(bandit).values() if isinstance(v, bandit.Claim)}
+    assert {c.name for c in CLAIMS} == {v.name for v in vars(bandit).values() if isinstance(v, Claim)}
     for claim in CLAIMS:
         assert any(c["name"].endswith(claim.name) for c in result.claims), claim.name
     for c in result.claims:

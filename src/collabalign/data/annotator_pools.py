@@ -14,18 +14,17 @@ components (unsupervised, fitted on the whole pool) and scaled to max norm 1. Th
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from collabalign.data.hh_rlhf import load_hh_rlhf
+from collabalign.data.words import WORD
 
 ATTRIBUTES = ("harmless", "length", "apology")
 APOLOGY_WORDS = frozenset("sorry apologize apologise apologies apology unfortunately cannot can't won't shouldn't "
                           "unable refuse".split())
-_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
 @dataclass
@@ -57,7 +56,7 @@ def last_human_turn(prompt: str) -> str:
 
 def reply_attributes(reply: str, is_chosen: bool, n_tokens: int) -> np.ndarray:
     """(harmless, length, apology) of one reply, given its token count."""
-    words = _WORD.findall(reply.lower())
+    words = WORD.findall(reply.lower())
     return np.array([float(is_chosen), np.log1p(n_tokens), float(sum(w in APOLOGY_WORDS for w in words))])
 
 

@@ -14,7 +14,6 @@ halves (train / test pool) and gives each labeler its own pairs from each half.
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import numpy as np
@@ -22,16 +21,16 @@ import numpy as np
 from collabalign.data.annotator_pools import last_human_turn, reply_attributes
 from collabalign.data.attribute_labelers import AttributePairs, standardise
 from collabalign.data.hh_rlhf import load_hh_rlhf
+from collabalign.data.words import WORD
 from collabalign.seeding import Seeds
 
 HH_ATTRIBUTES = ("harmless", "length", "apology", "questions", "second_person")
 SECOND_PERSON = frozenset(("you", "your", "yours", "yourself", "yourselves"))
-_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
 def reply_vector(reply: str, is_chosen: bool, n_tokens: int) -> np.ndarray:
     """The five raw attributes of one reply."""
-    words = _WORD.findall(reply.lower())
+    words = WORD.findall(reply.lower())
     return np.concatenate([reply_attributes(reply, is_chosen, n_tokens),
                            [reply.count("?"), sum(w in SECOND_PERSON for w in words)]])
 

@@ -10,10 +10,12 @@ from typing import Any
 from collabalign.data.errors import DataError
 from collabalign.data.jsonl import read_jsonl
 from collabalign.data.preferences import PreferencePair, PreferenceSet, checked_pair, collect_pairs, require_text
+from collabalign.data.words import WORD
+
+HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"  # HH-RLHF harmless test pairs, in the shared data folder
 
 ASSISTANT = "\n\nAssistant:"
 _TURN = re.compile(r"(?:^|\n\n)(Human|Assistant):")
-_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 # Coarse topic buckets for partitioning and simulated annotators, matched on whole lower-cased words of the
 # Human turns only (the assistant's words would leak the answer). The bucket with the most hits wins; ties go to
@@ -79,7 +81,7 @@ def hh_attributes(pair: PreferencePair) -> dict[str, Any]:
 
 def topic_of(text: str) -> str:
     """The TOPIC_KEYWORDS bucket with the most whole-word hits in text (earlier bucket on ties), else "other"."""
-    words = _WORD.findall(text.lower())
+    words = WORD.findall(text.lower())
     hits = {topic: sum(w in keywords for w in words) for topic, keywords in TOPIC_KEYWORDS.items()}
     best = max(hits, key=hits.__getitem__)  # max keeps the first of equal counts
     return best if hits[best] > 0 else "other"

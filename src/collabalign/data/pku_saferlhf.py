@@ -14,7 +14,6 @@ from collabalign.data.jsonl import read_jsonl
 from collabalign.data.preferences import require_text
 
 PKU_FILE = "pku-saferlhf/alpaca7b-test-head.jsonl.gz"  # where the shared data folder keeps the PKU rows
-HH_HARMLESS_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
 
 
 @dataclass(frozen=True)

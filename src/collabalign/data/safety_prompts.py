@@ -10,10 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from collabalign.data.hh_rlhf import topic_of
+from collabalign.data.hh_rlhf import HH_FILE, topic_of
 from collabalign.data.pku_saferlhf import hh_prompts, load_pku_saferlhf, pku_prompts
 
-HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
 PKU_FILE = "pku-saferlhf/alpaca7b-test-head.jsonl.gz"
 
 

@@ -12,11 +12,10 @@ is a function of what a reward model can read):
 
 from __future__ import annotations
 
-import re
-
 import numpy as np
 
 from collabalign.data.attribute_labelers import AttributePairs, standardise
+from collabalign.data.words import WORD
 from collabalign.seeding import Seeds
 
 ATTRIBUTES = ("length", "details", "hedging", "first_person", "sentiment", "exclamation", "question", "formality")
@@ -43,7 +42,6 @@ FORMAL = ("consequently", "regarding", "therefore", "furthermore")
 INFORMAL = ("tbh", "lol", "gonna", "idk", "ugh")
 FIRST_PERSON = frozenset(("i", "me", "my", "mine", "myself"))
 FILLERS = ("and things got complicated", "and nobody talked for days", "and it is still going on")
-_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 
 
 def post(sub: str, who: str, what: str, place: str, duration: str, amount: str) -> tuple[str, str]:
@@ -81,7 +79,7 @@ def attributes(text: str) -> np.ndarray:
     """The eight raw attributes of one templated text, measured from its POST and TL;DR parts."""
     body = text.split("\nPOST: ", 1)[1]
     post_text, tldr = body.split("\nTL;DR: ", 1)
-    words = _WORD.findall(tldr.lower())
+    words = WORD.findall(tldr.lower())
     valence = sum(w in POSITIVE for w in words) - sum(w in NEGATIVE for w in words)
     return np.array([np.log1p(len(tldr.split())), sum(d in post_text and d in tldr for d in DETAILS),
                      sum(w in HEDGES for w in words), sum(w in FIRST_PERSON for w in words), valence,

@@ -14,10 +14,8 @@ from typing import Literal
 import numpy as np
 from pydantic import Field
 
-from collabalign.comm import Message
+from collabalign.comm import Message, Params
 from collabalign.config import Strict
-
-Params = dict[str, np.ndarray]
 
 
 class Privacy(Strict):

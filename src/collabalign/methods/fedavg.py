@@ -8,13 +8,11 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from collabalign.comm import Message
+from collabalign.comm import Message, Params
 from collabalign.federation.aggregation import Aggregation, combine
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext, evaluate_per_client
 from collabalign.seeding import Seeds
-
-Params = dict[str, np.ndarray]
 
 
 class LocalTrainer(Protocol):

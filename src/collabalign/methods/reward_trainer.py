@@ -12,10 +12,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from collabalign.comm import Params
 from collabalign.data.preferences import PreferencePair
 from collabalign.lora.inject import lora_layers
 from collabalign.lora.stacked import route, routing, stacked
-from collabalign.methods.fedavg import Params
 from collabalign.models.cached import TextCache, cache_texts
 from collabalign.models.pooled import Tokens
 from collabalign.models.reward import RewardModel, bt_loss, pair_texts, preference_accuracy

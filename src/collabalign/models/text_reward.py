@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from sklearn.linear_model import LogisticRegression
 
+from collabalign.data.words import WORD
 from collabalign.models.backbones import Backbone, minilm_l6
 from collabalign.models.pooled import tokenize
 
@@ -78,7 +79,6 @@ class SentenceEncoder:
         return out
 
 
-_WORD = re.compile(r"[a-z]+(?:'[a-z]+)?")
 _LIST_ITEM = re.compile(r"(?m)^\s*(?:\d+\.|-|\*)\s")
 _SENTENCE_END = re.compile(r"[.!?](?:\s|$)")
 REFUSAL_WORDS = frozenset("sorry cannot can't unable illegal unethical inappropriate advise against shouldn't".split())
@@ -91,8 +91,8 @@ def style_features(prompts: Sequence[str], responses: Sequence[str]) -> np.ndarr
     how many of the prompt's words the reply reuses."""
     rows = []
     for prompt, reply in zip(prompts, responses, strict=True):
-        words = _WORD.findall(reply.lower())
-        asked = set(_WORD.findall(prompt.lower()))
+        words = WORD.findall(reply.lower())
+        asked = set(WORD.findall(prompt.lower()))
         n = max(len(words), 1)
         rows.append([np.log1p(len(words)), np.log1p(len(reply)), np.log1p(reply.count("\n")),
                      np.log1p(len(_LIST_ITEM.findall(reply))), sum(w in REFUSAL_WORDS for w in words) / n,

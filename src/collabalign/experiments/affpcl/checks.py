@@ -9,8 +9,9 @@ import numpy as np
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Grid, Strict
-from collabalign.experiments.affpcl.shared import LOWER, last_mse, tagged
+from collabalign.experiments.affpcl.shared import LOWER, last_mse
 from collabalign.methods.affpcl import IL, AffPCL, FedAvg, GaussianSystems, noise_alignment, run
 from collabalign.methods.affpcl.misaligned import MisalignedSystems
 from collabalign.methods.affpcl.systems import GaussianBatch

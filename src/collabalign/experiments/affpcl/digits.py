@@ -14,10 +14,11 @@ from typing import NamedTuple
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Grid, Probability, Strict
 from collabalign.data.digit_features import DigitFeatures, digit_features
 from collabalign.experiments.affpcl import plots
-from collabalign.experiments.affpcl.shared import LOWER, MATCH, bands, summary, tagged
+from collabalign.experiments.affpcl.shared import LOWER, MATCH, bands, summary
 from collabalign.methods.affpcl import IL, AffPCL, Ditto, FedAvg, FineTune, LocalAffPCL, LocalFedAvg, PFedMe, run
 from collabalign.methods.affpcl.digits import DigitsUsers
 from collabalign.runs import Part, RunDir

@@ -13,9 +13,10 @@ import numpy as np
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Grid, Probability, Strict
 from collabalign.experiments.affpcl import plots
-from collabalign.experiments.affpcl.shared import LOWER, MATCH, bands, summary, tagged
+from collabalign.experiments.affpcl.shared import LOWER, MATCH, bands, summary
 from collabalign.federation.engine import EngineOptions
 from collabalign.methods.affpcl import (
     IFCA,

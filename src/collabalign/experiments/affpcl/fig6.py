@@ -8,9 +8,10 @@ import numpy as np
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Strict
 from collabalign.experiments.affpcl import plots
-from collabalign.experiments.affpcl.shared import LOWER, bands, summary, tagged
+from collabalign.experiments.affpcl.shared import LOWER, bands, summary
 from collabalign.experiments.affpcl.theory import pair
 from collabalign.methods.affpcl import GaussianSystems, heterogeneity
 from collabalign.runs import Part, RunDir

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collabalign.plotting import plt
+from collabalign.plotting import plt, save
 
 
 def _band(ax: plt.Axes, t: np.ndarray, b: dict, which: str, label: str, style: str = "-") -> None:
@@ -21,13 +21,6 @@ def _axes_done(ax: plt.Axes, xlabel: str, ylabel: str, legend_size: int = 8) -> 
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=legend_size)
-
-
-def _save(fig: plt.Figure, path: Path, tight: bool = True) -> None:
-    if tight:
-        fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def fig1(path: Path, levels: list[float], curves: dict[float, dict[str, dict]], labels: dict[str, str],
@@ -50,7 +43,7 @@ def fig1(path: Path, levels: list[float], curves: dict[float, dict[str, dict]], 
     axes[0, -1].legend(fontsize=7)
     fig.suptitle(title, fontsize=10)
     fig.subplots_adjust(left=0.06, right=0.99, top=0.9, bottom=0.08, wspace=0.25, hspace=0.35)  # tight_layout is slow
-    _save(fig, path, tight=False)
+    save(fig, path, tight=False)
 
 
 def fig6(path: Path, panels: dict[str, dict[str, dict]]) -> None:
@@ -62,7 +55,7 @@ def fig6(path: Path, panels: dict[str, dict[str, dict]]) -> None:
         ax.set_yscale("log")
         ax.set_title(name, fontsize=9)
         _axes_done(ax, "# samples (t)", "MSE")
-    _save(fig, path)
+    save(fig, path)
 
 
 def rate(path: Path, result: dict) -> None:
@@ -77,7 +70,7 @@ def rate(path: Path, result: dict) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     _axes_done(ax, "t", "MSE^0", legend_size=7)
-    _save(fig, path)
+    save(fig, path)
 
 
 def speedup(path: Path, result: dict) -> None:
@@ -93,7 +86,7 @@ def speedup(path: Path, result: dict) -> None:
     ax.set_xscale("log")
     ax.set_yscale("log")
     _axes_done(ax, "max{1/n, delta}", "MSE AffPCL / MSE independent")
-    _save(fig, path)
+    save(fig, path)
 
 
 def heatmaps(path: Path, grid: list[float], f4: dict[str, np.ndarray]) -> None:
@@ -110,7 +103,7 @@ def heatmaps(path: Path, grid: list[float], f4: dict[str, np.ndarray]) -> None:
         ax.set_ylabel("delta_env")
         ax.set_title(f"improvement of AffPCL (%) {title}", fontsize=9)
         fig.colorbar(im, ax=ax, shrink=0.8)
-    _save(fig, path)
+    save(fig, path)
 
 
 def contours(path: Path, n_list: list[int], deltas: list[float], mse: np.ndarray) -> None:
@@ -124,4 +117,4 @@ def contours(path: Path, n_list: list[int], deltas: list[float], mse: np.ndarray
     ax.set_ylabel("delta_env = delta_obj")
     ax.set_title("AffPCL: contours of log10 MSE^0 (last 10 steps)", fontsize=9)
     ax.legend(fontsize=8)
-    _save(fig, path)
+    save(fig, path)

@@ -12,12 +12,13 @@ import numpy as np
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Grid, Strict
 from collabalign.data import shared_data_dir
 from collabalign.data.annotator_pools import Pool, synthetic_pool
+from collabalign.data.hh_rlhf import HH_FILE
 from collabalign.experiments.affpcl.reward_pools import minilm_hh_pool
 from collabalign.experiments.affpcl.reward_tables import LABELS, mean_over_n, note, reward_table, table_cells
-from collabalign.experiments.affpcl.shared import tagged
 from collabalign.methods.affpcl import IL, AffPCL, Ditto, FedAvg, FineTune, run
 from collabalign.methods.affpcl.annotators import Annotators, RewardTask
 from collabalign.runs import Part, RunDir
@@ -44,7 +45,6 @@ PLUGIN = claims.superiority(
     "every n; not reproduced when surely less than 1 point better", smallest_effect=TIE)
 BASELINES = ("il", "fedavg", "finetune", "ditto")
 AFFPCL = {"affpcl": "exact", "affpcl_dre": "plugin_il", "affpcl_plugin": "plugin"}  # name -> importance weights
-HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
 
 
 class RewardConfig(Strict):

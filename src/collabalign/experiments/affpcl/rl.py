@@ -9,9 +9,10 @@ from typing import Annotated, Literal
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Fraction, Grid, Strict
 from collabalign.experiments.affpcl import plots
-from collabalign.experiments.affpcl.shared import MATCH, bands, summary, tagged
+from collabalign.experiments.affpcl.shared import MATCH, bands, summary
 from collabalign.methods.affpcl import IL, AffPCL, FedAvg, run
 from collabalign.methods.affpcl.sarsa import TabularMDPs
 from collabalign.methods.affpcl.td import TabularChains

@@ -4,11 +4,7 @@ declared claim under the name of the cell it is decided in."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
-
-from collabalign.claims import Claim
 
 Z90 = 1.6449  # two-sided 90% normal quantile: the paper's band is mean +- 1.64 std / sqrt(runs)
 # Errors are compared by per-run ratios (log scale, lower is better). "Matches", "never worse" and "best or tied" are
@@ -34,13 +30,6 @@ def bands(curves: np.ndarray, rng: np.random.Generator, boot: int = 500) -> dict
     lo, hi = np.quantile(medians, [0.05, 0.95], axis=1)
     return {"mean": mean, "mean_lo": mean - half, "mean_hi": mean + half, "median": np.median(curves, 1),
             "median_lo": lo, "median_hi": hi}
-
-
-def tagged(claim: Claim, tag: str = "", suffix: str = "", post_hoc: bool = False) -> Claim:
-    """The declared claim as decided in one setting, "[tag] name suffix"; post hoc when that setting was added after
-    its results were seen."""
-    name = " ".join(p for p in (f"[{tag}]" if tag else "", claim.name, suffix) if p)
-    return dataclasses.replace(claim, name=name, post_hoc=claim.post_hoc or post_hoc)
 
 
 def summary(values: np.ndarray) -> dict[str, float]:

@@ -9,9 +9,10 @@ import numpy as np
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Grid, Strict
 from collabalign.experiments.affpcl import plots
-from collabalign.experiments.affpcl.shared import MATCH, last_mse, tagged
+from collabalign.experiments.affpcl.shared import MATCH, last_mse
 from collabalign.fits import loglog_slope
 from collabalign.methods.affpcl import IL, AffPCL, GaussianSystems, heterogeneity, run
 from collabalign.runs import Part, RunDir

@@ -3,16 +3,7 @@ replicates, and the preference vectors of the p sweeps."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import numpy as np
-
-from collabalign.claims import Claim
-
-
-def tagged(claim: Claim, tag: str) -> Claim:
-    """The declared claim as decided in one setting: "[tag] name"."""
-    return dataclasses.replace(claim, name=f"[{tag}] {claim.name}")
 
 
 def summary(values: np.ndarray) -> dict[str, float]:

@@ -10,10 +10,10 @@ from pathlib import Path
 import numpy as np
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.comm import Ledger, Message
 from collabalign.data.safety_prompts import safety_prompts
 from collabalign.experiments.firm import lm_plots
-from collabalign.experiments.firm.common import tagged
 from collabalign.experiments.firm.lm_setup import Arm, LMConfig, LMRunner, arms
 from collabalign.runs import Part, RunDir, cached_json
 from collabalign.seeding import Seeds

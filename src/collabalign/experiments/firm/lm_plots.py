@@ -7,20 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from collabalign.plotting import plt
+from collabalign.plotting import ema, plt, save
 
 HALF_LIFE = 20
-
-
-def ema(values: np.ndarray, half_life: float = HALF_LIFE) -> np.ndarray:
-    """pandas' ewm(halflife=h, adjust=True).mean() along the last axis."""
-    decay = 0.5 ** (1 / half_life)
-    num, den = np.zeros(values.shape[:-1]), 0.0
-    out = np.empty(values.shape, dtype=float)
-    for t in range(values.shape[-1]):
-        num, den = num * decay + values[..., t], den * decay + 1.0
-        out[..., t] = num / den
-    return out
 
 
 def curve(runs: list[list[dict]], key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -41,13 +30,6 @@ def _label(ax, xlabel: str, ylabel: str) -> None:
     ax.legend(fontsize=7)
 
 
-def _save(fig, path: Path, title: str) -> None:
-    fig.suptitle(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-
-
 def rewards(path: Path, results: dict[str, list[list[dict]]], arms: list[str], title: str) -> None:
     """Held-out helpful and harmless reward per round, mean over seeds, one line per arm."""
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -55,7 +37,7 @@ def rewards(path: Path, results: dict[str, list[list[dict]]], arms: list[str], t
         for arm in arms:
             ax.plot(*curve(results[arm], key), marker=".", label=arm)
         _label(ax, "round", key.replace("eval_", "held-out ") + " reward")
-    _save(fig, path, title)
+    save(fig, path, title)
 
 
 def lambdas(path: Path, results: dict[str, list[list[dict]]], arms: list[str], title: str) -> None:
@@ -63,12 +45,12 @@ def lambdas(path: Path, results: dict[str, list[list[dict]]], arms: list[str], t
     fig, axes = plt.subplots(1, len(arms), figsize=(4.2 * len(arms), 3.6), squeeze=False)
     for ax, arm in zip(axes[0], arms, strict=True):
         lam = lambda_steps(results[arm][0])
-        for c, series in enumerate(ema(lam)):
+        for c, series in enumerate(ema(lam, HALF_LIFE)):
             ax.plot(series, lw=1, label=f"client {c}" if c < 4 else None)
         ax.set_title(arm, fontsize=9)
         ax.set_ylim(-0.02, 1.02)
         _label(ax, "local step", "λ_help (EMA)")
-    _save(fig, path, title)
+    save(fig, path, title)
 
 
 def pareto(path: Path, results: dict[str, list[list[dict]]], arms: list[str]) -> None:
@@ -80,7 +62,7 @@ def pareto(path: Path, results: dict[str, list[list[dict]]], arms: list[str]) ->
         sd = pts.std(0, ddof=1) if len(pts) > 1 else np.zeros(2)
         ax.errorbar(*pts.mean(0), xerr=sd[0], yerr=sd[1], marker="o", capsize=3, label=arm)
     _label(ax, "held-out helpfulness reward", "held-out harmlessness reward")
-    _save(fig, path, "Preference sweep (each marker: a global model)")
+    save(fig, path, "Preference sweep (each marker: a global model)")
 
 
 def plot_all(folder: Path, results: dict[str, list[list[dict]]]) -> None:

@@ -9,9 +9,10 @@ import numpy as np
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Fraction, Grid, Strict
 from collabalign.experiments.firm import plots
-from collabalign.experiments.firm.common import summary, tagged
+from collabalign.experiments.firm.common import summary
 from collabalign.methods.firm.tfirm import MOMDP, Critic, Setting, Variant, critic_errors, simulate
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds

@@ -9,25 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from collabalign.plotting import plt
+from collabalign.plotting import ema, plt, save
 
 HALF_LIFE = 20
-
-
-def ema(x: np.ndarray, halflife: float = HALF_LIFE) -> np.ndarray:
-    """pandas' ewm(halflife).mean() (adjust=True) along axis 0."""
-    decay = 0.5 ** (1 / halflife)
-    num, den, out = np.zeros(x.shape[1:]), 0.0, np.zeros(x.shape)
-    for t in range(len(x)):
-        num, den = decay * num + x[t], decay * den + 1
-        out[t] = num / den
-    return out
-
-
-def _save(fig: plt.Figure, path: Path) -> None:
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
 
 
 def _done(ax: plt.Axes, xlabel: str, ylabel: str, title: str = "", legend: bool = True) -> None:
@@ -48,7 +32,7 @@ def r1(folder: Path, cfg, by_sigma: dict, problems: dict, pref_runs: dict, pref_
             ax.plot(np.arange(1, len(r["stationarity"]) + 1), r["stationarity"].mean(1), label=label, lw=1.2)
         ax.set_yscale("log")
         _done(ax, "round", "min_λ ‖∇J(θ̄)λ‖²", f"R1 Pareto stationarity, σ = {sigma:g}")
-    _save(fig, folder / "r1_stationarity.png")
+    save(fig, folder / "r1_stationarity.png")
 
     panels = len(by_sigma) + 1
     fig, axes = plt.subplots(1, panels, figsize=(4.6 * panels, 4.2), squeeze=False)
@@ -66,7 +50,7 @@ def r1(folder: Path, cfg, by_sigma: dict, problems: dict, pref_runs: dict, pref_
     for label, r in pref_runs.items():
         ax.plot(*r["values"][-1].mean(0), "s", label=label)
     _done(ax, "f1", "f2", f"R1 preference sweep, σ = {cfg.preference_sigma:g}")
-    _save(fig, folder / "r1_pareto.png")
+    save(fig, folder / "r1_pareto.png")
 
     betas = [b for b in cfg.betas if b > 0]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
@@ -79,7 +63,7 @@ def r1(folder: Path, cfg, by_sigma: dict, problems: dict, pref_runs: dict, pref_
         ax.set_xscale("log")
         ax.set_yscale("log")
         _done(ax, "β", f"{ylabel} (mean over steps and seeds)", f"R1 {ylabel} against β")
-    _save(fig, folder / "r1_dispersion.png")
+    save(fig, folder / "r1_dispersion.png")
 
 
 def r2(folder: Path, labels: list[str], out: dict, critic: dict, floors: dict) -> None:
@@ -93,7 +77,7 @@ def r2(folder: Path, labels: list[str], out: dict, critic: dict, floors: dict) -
     for ax, ylabel in zip(axes, ("running mean of ‖∇J(θ̄)λ̄‖²", "min_λ ‖∇J(θ̄)λ‖²", "D_λ"), strict=True):
         ax.set_yscale("log")
         _done(ax, "round", ylabel, "R2 T-FIRM")
-    _save(fig, folder / "r2_tfirm.png")
+    save(fig, folder / "r2_tfirm.png")
 
     fig, axes = plt.subplots(1, 1 + len(floors), figsize=(4.6 * (1 + len(floors)), 3.8), squeeze=False)
     for batch, errs in critic.items():
@@ -109,20 +93,20 @@ def r2(folder: Path, labels: list[str], out: dict, critic: dict, floors: dict) -
         ax.set_xticks(xs, [f"{x:g}" for x in xs])
         ax.minorticks_off()
         _done(ax, name, "floor of ‖∇J(θ̄)λ̄‖²", f"R2 floor against {name}")
-    _save(fig, folder / "r2_critic_floors.png")
+    save(fig, folder / "r2_critic_floors.png")
 
 
 def r3_lambda_clients(path: Path, panels: dict[str, np.ndarray]) -> None:
     """Per-client λ_1 per optimiser step (replicate 0, EMA half-life 20), one panel per (world, β)."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), 3.6), squeeze=False)
     for ax, (title, lam) in zip(axes[0], panels.items(), strict=True):  # lam (steps, C)
-        smooth = ema(lam)
+        smooth = ema(lam, HALF_LIFE, axis=0)
         for c in range(lam.shape[1]):
             line, = ax.plot(smooth[:, c], label=f"client {c}")
             ax.plot(lam[:, c], color=line.get_color(), alpha=0.15, lw=0.6)
         ax.set_ylim(-0.02, 1.02)
         _done(ax, "optimiser step", "λ_help", title)
-    _save(fig, path)
+    save(fig, path)
 
 
 def r3_trajectories(path: Path, arms: dict[str, dict]) -> None:
@@ -130,12 +114,12 @@ def r3_trajectories(path: Path, arms: dict[str, dict]) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(14, 3.8))
     for name, r in arms.items():
         for j, ax in enumerate(axes[:2]):
-            ax.plot(ema(r["train_rewards"][..., j].mean(1)), label=name)
-        axes[2].plot(ema(r["lambda"][..., 0].mean((1, 2))), label=name)
+            ax.plot(ema(r["train_rewards"][..., j].mean(1), HALF_LIFE, axis=0), label=name)
+        axes[2].plot(ema(r["lambda"][..., 0].mean((1, 2)), HALF_LIFE, axis=0), label=name)
     for ax, ylabel in zip(axes, ("helpfulness reward (train)", "harmlessness reward (train)", "λ_help (client mean)"),
                           strict=True):
         _done(ax, "batch" if "reward" in ylabel else "optimiser step", ylabel, "R3 (EMA half-life 20)")
-    _save(fig, path)
+    save(fig, path)
 
 
 def r3_pareto(path: Path, points: dict[str, np.ndarray], sweep: list[str]) -> None:
@@ -148,7 +132,7 @@ def r3_pareto(path: Path, points: dict[str, np.ndarray], sweep: list[str]) -> No
         line, = ax.plot(*final.mean(0), "s" if name in sweep else "o", label=name)
         ax.plot(final[:, 0], final[:, 1], ".", color=line.get_color(), alpha=0.3)
     _done(ax, "helpfulness (held-out, exact)", "harmlessness (held-out, exact)", "R3 final trade-off per arm")
-    _save(fig, path)
+    save(fig, path)
 
 
 def r3_ablations(path: Path, arms: dict[str, dict]) -> None:
@@ -157,8 +141,8 @@ def r3_ablations(path: Path, arms: dict[str, dict]) -> None:
     for name, r in arms.items():
         for j, ax in enumerate(axes[:2]):
             ax.plot(r["held_out"][..., j].mean(1), marker=".", label=name)
-        axes[2].plot(ema(r["lambda"][..., 0].mean((1, 2))), label=name)
+        axes[2].plot(ema(r["lambda"][..., 0].mean((1, 2)), HALF_LIFE, axis=0), label=name)
     _done(axes[0], "round", "helpfulness (held-out)", "R3 ablations")
     _done(axes[1], "round", "harmlessness (held-out)", "R3 ablations")
     _done(axes[2], "optimiser step", "λ_help (client mean, EMA)", "R3 ablations")
-    _save(fig, path)
+    save(fig, path)

@@ -11,9 +11,10 @@ import numpy as np
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Distinct, Grid, Probability, Strict
 from collabalign.experiments.firm import plots
-from collabalign.experiments.firm.common import last_mean, preference, summary, tagged
+from collabalign.experiments.firm.common import last_mean, preference, summary
 from collabalign.methods.firm.quadratic import Quadratic, Setting, simulate
 from collabalign.methods.firm.rules import Rule, Traffic
 from collabalign.runs import Part, RunDir

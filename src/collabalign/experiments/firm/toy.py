@@ -12,9 +12,10 @@ import numpy as np
 from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt, model_validator
 
 from collabalign import claims
+from collabalign.claims import tagged
 from collabalign.config import Grid, Strict
 from collabalign.experiments.firm import plots
-from collabalign.experiments.firm.common import preference, summary, tagged
+from collabalign.experiments.firm.common import preference, summary
 from collabalign.methods.firm.rules import Rule
 from collabalign.methods.firm.toy import Arm, Setting, World, simulate
 from collabalign.runs import Part, RunDir

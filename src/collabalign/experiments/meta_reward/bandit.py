@@ -16,7 +16,7 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, model_validator
 
 from collabalign import claims
-from collabalign.claims import Claim
+from collabalign.claims import tagged
 from collabalign.config import Grid
 from collabalign.methods.meta_reward.bandit import (
     BanditSettings,
@@ -92,11 +92,6 @@ class BanditConfig(BanditSettings):
             raise ValueError(f"test_steps {self.test_steps} < inner_steps {self.inner_steps}: the matched meta-test "
                              "is read off the converged run")
         return self
-
-
-def tagged(claim: Claim, tag: str) -> Claim:
-    """The declared claim as decided in one setting: "[tag] name"."""
-    return dataclasses.replace(claim, name=f"[{tag}] {claim.name}")
 
 
 @dataclasses.dataclass

@@ -20,14 +20,14 @@ from collabalign.data.attribute_labelers import AttributePairs, calibrate_beta, 
 from collabalign.data.errors import DataError
 from collabalign.data.hh_pairs import hh_pairs, hh_texts
 from collabalign.data.paths import shared_data_dir
-from collabalign.data.tldr import load_tldr_users, tldr_texts
+from collabalign.data.tldr import load_tldr_users
 from collabalign.data.tldr_like import generate
 from collabalign.experiments.pshare_lora.config import Config, TextConfig
 from collabalign.experiments.pshare_lora.ordering import ordering_claims
 from collabalign.experiments.pshare_lora.plots import labeler_bars
 from collabalign.experiments.selection import best, held_out_slice
 from collabalign.methods.pshare_lora import LABELS, Prefs
-from collabalign.methods.pshare_lora.text import encode, fit
+from collabalign.methods.pshare_lora.text import encode, fit, prefs_from_pairs
 from collabalign.methods.pshare_lora.train import per_user_mean
 from collabalign.models.backbones import Backbone, load_backbone
 from collabalign.models.cached import TextCache
@@ -148,15 +148,12 @@ def lr_table(name: str, cfg: TextConfig, chosen: dict[str, dict]) -> str:
 
 def tldr_data(cfg: TextConfig, backbone: Backbone) -> tuple[Prefs, Prefs, TextCache]:
     """The real TL;DR comparisons of the top `users` labelers (balanced, seed 42 as the paper's code), their texts
-    (post + summary) encoded once: chosen / rejected of pair k are rows 2k / 2k + 1, train pairs first."""
+    (post + summary) encoded once as `prefs_from_pairs` lays them out, train pairs first."""
     train, valid, _ = load_tldr_users(cfg.data_root, cfg.users, 42, cfg.n_train or None, cfg.n_test or None)
     pairs = [*train, *valid]
-    texts = [t for p in pairs for t in tldr_texts(p)]
+    texts, prefs = prefs_from_pairs(pairs, [int(p.party) for p in pairs])
     cache = encode(backbone, texts, cfg.max_length, cfg.lora_blocks, truncation_side=cfg.truncation_side)
-    users = torch.tensor([int(p.party) for p in pairs])
-    rows = torch.arange(len(pairs))
-    prefs = Prefs(users, 2 * rows, 2 * rows + 1)
-    return prefs[rows[: len(train)]], prefs[rows[len(train):]], cache
+    return prefs[: len(train)], prefs[len(train):], cache
 
 
 def source_data(source: str, cfg: TextConfig, seed: int, backbone: Backbone,

@@ -22,6 +22,7 @@ from collabalign.data import (
     shared_data_dir,
     tiny_preferences,
 )
+from collabalign.data.hh_rlhf import HH_FILE
 from collabalign.experiments.quickstart.config import Config, DataConfig
 from collabalign.federation import simulate
 from collabalign.federation.aggregation import Aggregation, privacy_spent
@@ -32,8 +33,6 @@ from collabalign.models.cached import lora_top_blocks
 from collabalign.models.reward import RewardModel, pair_correct
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
-
-HH_FILE = ("hh-rlhf", "harmless-base-test.jsonl.gz")
 
 BEATS_LOCAL = superiority(
     "FedAvg-LoRA beats local-only", "final held-out accuracy (points) of FedAvg-LoRA above the mean over clients of "
@@ -46,9 +45,9 @@ NEAR_CENTRAL = non_inferiority(
 def load_pairs(cfg: DataConfig, notes: list[str]) -> PreferenceSet:
     """HH-RLHF harmless pairs from the shared data (invalid rows dropped and counted), or the synthetic set."""
     root = shared_data_dir()
-    if cfg.source == "hh-rlhf" and root is not None and root.joinpath(*HH_FILE).exists():
-        data = load_hh_rlhf(root.joinpath(*HH_FILE), drop_invalid=True)
-        notes.append(f"Data: {len(data)} valid pairs from {'/'.join(HH_FILE)}; dropped rows: {data.dropped or 'none'}.")
+    if cfg.source == "hh-rlhf" and root is not None and (root / HH_FILE).exists():
+        data = load_hh_rlhf(root / HH_FILE, drop_invalid=True)
+        notes.append(f"Data: {len(data)} valid pairs from {HH_FILE}; dropped rows: {data.dropped or 'none'}.")
     else:
         if cfg.source == "hh-rlhf":
             msg = "shared HH-RLHF data not found (../shared/data or $COLLABALIGN_DATA): running on synthetic pairs"

@@ -17,11 +17,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from collabalign.comm import Message
+from collabalign.comm import Message, Params
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import Algorithm, ClientContext, evaluate_per_client
 from collabalign.methods.affpcl.systems import GaussianSystems
-from collabalign.methods.fedavg import Params
 from collabalign.seeding import Seeds
 
 

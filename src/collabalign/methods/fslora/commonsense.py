@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from collabalign.comm import Params
 from collabalign.data.commonsense import (
     CommonsenseExample,
     commonsense_prompt,
@@ -22,7 +23,7 @@ from collabalign.data.commonsense import (
     load_commonsense_test,
 )
 from collabalign.lora.inject import inject_lora
-from collabalign.methods.fslora.problems import ClassificationData, LocalSGD, Params, TorchLoRAProblem
+from collabalign.methods.fslora.problems import ClassificationData, LocalSGD, TorchLoRAProblem
 from collabalign.models.backbones import Backbone
 from collabalign.seeding import Seeds
 

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from collabalign.comm import Params
 from collabalign.data.glue import glue_metric, pearson_corr
 from collabalign.data.hub import load_glue_any
 from collabalign.lora.inject import lora_layers
@@ -34,7 +35,6 @@ from collabalign.models.cached import CachedModel, cache_texts, lora_top_blocks
 from collabalign.models.pooled import PooledModel
 from collabalign.seeding import Seeds
 
-Params = dict[str, np.ndarray]
 Factors = dict[str, tuple[np.ndarray, np.ndarray]]  # layer -> (B (m, k), A (k, n))
 
 

@@ -12,7 +12,7 @@ from typing import Literal
 
 import numpy as np
 
-from collabalign.comm import Message
+from collabalign.comm import Message, Params
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext
 from collabalign.methods.fslora.common import (
@@ -24,7 +24,7 @@ from collabalign.methods.fslora.common import (
     mean_head,
     scatter_mean,
 )
-from collabalign.methods.fslora.problems import Factors, LocalJob, LocalSteps, Params, TorchLoRAProblem
+from collabalign.methods.fslora.problems import Factors, LocalJob, LocalSteps, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 State = dict[str, np.ndarray]

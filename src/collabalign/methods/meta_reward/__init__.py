@@ -5,7 +5,8 @@
 - `bandit`, `bandit_baselines`: Variant A, the log-linear multi-domain contextual bandit with Algorithms 1 and 2,
   the printed (wrong) Eq. 13, and its exact baselines (BT reward model, exact PPO, DPO, HPL);
 - `text`: Algorithms 1 and 2 on a language-model policy adapted on its LM head, and A_PL (Eq. 26);
-- `baselines`: the LM baselines, one module each (SFT, PPO(TR), PPO(TR+TE), DPO, HPL, BT+RWR, oracle).
+- `baselines`: the LM baselines, one module each (SFT, PPO(TR), PPO(TR+TE), DPO, HPL, BT+RWR, oracle);
+- `entry`: the entry point, `train_meta_reward(MetaRewardConfig(held_out=...), "pairs.jsonl")`.
 """
 
 from collabalign.methods.meta_reward.bilevel import (
@@ -16,5 +17,7 @@ from collabalign.methods.meta_reward.bilevel import (
     pl_loss,
     reward_weights,
 )
+from collabalign.methods.meta_reward.entry import MetaRewardConfig, train_meta_reward
 
-__all__ = ["Hypergradient", "finite_difference", "hypergradient", "inner_loop", "pl_loss", "reward_weights"]
+__all__ = ["Hypergradient", "MetaRewardConfig", "finite_difference", "hypergradient", "inner_loop", "pl_loss",
+           "reward_weights", "train_meta_reward"]

@@ -1,6 +1,7 @@
 """P-ShareLoRA (spec ../shared/specs/pshare-lora.md): personalised reward models whose LoRA updates share the
 up-projection B (column space) with personal down-projections A_i, its G / WU variants and the baselines."""
 
+from collabalign.methods.pshare_lora.entry import PShareLoRAConfig, train_pshare_lora
 from collabalign.methods.pshare_lora.sharing import configure, project_, user_deltas
 from collabalign.methods.pshare_lora.train import (
     LABELS,
@@ -14,5 +15,5 @@ from collabalign.methods.pshare_lora.train import (
     train,
 )
 
-__all__ = ["LABELS", "METHODS", "VARIANTS", "Phase", "Prefs", "configure", "pair_loss", "prepare", "project_",
-           "schedule", "train", "user_deltas"]
+__all__ = ["LABELS", "METHODS", "VARIANTS", "PShareLoRAConfig", "Phase", "Prefs", "configure", "pair_loss", "prepare",
+           "project_", "schedule", "train", "train_pshare_lora", "user_deltas"]

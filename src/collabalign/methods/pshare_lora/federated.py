@@ -24,11 +24,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from collabalign.comm import Message
+from collabalign.comm import Message, Params
 from collabalign.federation.aggregation import weighted_average
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext, evaluate_per_client
-from collabalign.methods.fedavg import Params
 from collabalign.methods.pshare_lora.local_trainer import INIT_STREAM, Kind, RoutedLoRA, summary
 from collabalign.methods.pshare_lora.train import Prefs
 from collabalign.seeding import Seeds

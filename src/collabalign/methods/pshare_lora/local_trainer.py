@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch import nn
 
+from collabalign.comm import Params
 from collabalign.lora import lora_layers, routed
-from collabalign.methods.fedavg import Params
 from collabalign.methods.pshare_lora.sharing import project_
 from collabalign.methods.pshare_lora.train import Prefs, batches, pair_loss
 from collabalign.models.reward import pair_correct

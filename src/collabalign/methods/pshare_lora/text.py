@@ -2,8 +2,9 @@
 blocks, the frozen blocks below run once per text and cached, mean pooling and a scalar score head that is shared
 (global, P-ShareLoRA, share-A, Share Rep's same-head variant, the frozen backbone) or one per user (LoRA-local, Share
 Rep and its phased ablation; spec §9.5: the paper's "personalized heads"), routed per sample like the LoRA factors.
-The model's input is a tensor of row indices into the cached texts, so `Prefs(users, chosen_rows, rejected_rows)`
-trains with the method-agnostic `prepare / schedule / train` unchanged."""
+The model's input is a tensor of row indices into the cached texts (`prefs_from_pairs` lays preference pairs out
+as rows), so `Prefs(users, chosen_rows, rejected_rows)` trains with the method-agnostic `prepare / schedule / train`
+unchanged."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from collabalign.data.preferences import PreferencePair
 from collabalign.lora.inject import lora_layers, routed
 from collabalign.lora.layer import Blocks, Party
 from collabalign.methods.pshare_lora.train import Prefs, per_user_mean, prepare, schedule, train
 from collabalign.models.backbones import Backbone
 from collabalign.models.cached import CachedModel, TextCache, cache_texts, lora_top_blocks
 from collabalign.models.pooled import PooledModel, layer_stack
-from collabalign.models.reward import pair_correct
+from collabalign.models.reward import pair_correct, pair_texts
 from collabalign.seeding import Seeds
 
 TARGETS = ("query", "key")
@@ -34,6 +36,17 @@ def encode(backbone: Backbone, texts: Sequence[str], max_length: int, lora_block
     pooled = PooledModel(backbone.model, backbone.causal, 1)  # only its frozen lower blocks run, without grad
     split = max(0, len(layer_stack(pooled.backbone)[1]) - lora_blocks)
     return cache_texts(pooled, backbone.tokenizer, texts, max_length, split, second, truncation_side)
+
+
+def prefs_from_pairs(pairs: Sequence[PreferencePair], users: Sequence[int]) -> tuple[list[str], Prefs]:
+    """The texts to `encode` and the `Prefs` that index them: pair k's chosen text (prompt + chosen) is cache row 2k,
+    its rejected text (prompt + rejected) row 2k + 1, and its user `users[k]` (an index 0..n_users - 1)."""
+    if len(users) != len(pairs):
+        raise ValueError(f"{len(pairs)} pairs but {len(users)} users")
+    chosen, rejected = pair_texts(pairs)
+    rows = torch.arange(len(pairs))
+    texts = [t for pair in zip(chosen, rejected, strict=True) for t in pair]
+    return texts, Prefs(torch.as_tensor(list(users), dtype=torch.long), 2 * rows, 2 * rows + 1)
 
 
 class RoutedHead(nn.Module):
@@ -123,9 +136,10 @@ class TextTraining:
     checkpointing: bool = False
 
 
-def fit(backbone: Backbone, cache: TextCache, data: Prefs, test: Prefs, method: str, n_users: int,
-        tc: TextTraining, seed: int) -> dict:
-    """Trains `method` for `epochs` passes' worth of steps and returns held-out accuracy (overall, per user)."""
+def fit_model(backbone: Backbone, cache: TextCache, data: Prefs, method: str, n_users: int, tc: TextTraining,
+              seed: int) -> tuple[TextRewardModel, list[float], int]:
+    """Trains `method` for `epochs` passes' worth of steps; returns the model (LoRA dropout off), the losses and the
+    step count."""
     g = Seeds(seed).torch(f"text-{method}")
     model = TextRewardModel(backbone, cache, tc.rank, tc.alpha, tc.dropout, n_users, method in PER_USER_HEAD, g,
                             tc.targets, tc.checkpointing)
@@ -140,6 +154,13 @@ def fit(backbone: Backbone, cache: TextCache, data: Prefs, test: Prefs, method: 
     model.lora_dropout(True)
     losses = train(model, data, phases, n_users, tc.batch_size, g, micro_batch=tc.micro_batch)
     model.lora_dropout(False)
+    return model, losses, steps
+
+
+def fit(backbone: Backbone, cache: TextCache, data: Prefs, test: Prefs, method: str, n_users: int,
+        tc: TextTraining, seed: int) -> dict:
+    """Trains `method` (`fit_model`) and returns held-out accuracy (overall, per user)."""
+    model, losses, steps = fit_model(backbone, cache, data, method, n_users, tc, seed)
     return {**evaluate(model, test, n_users), "train_loss": round(losses[-1], 6), "steps": steps}
 
 

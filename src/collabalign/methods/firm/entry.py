@@ -1,0 +1,246 @@
+"""FIRM, the entry point: a user's prompts split over clients, any Hugging Face causal LM, M reward functions, one
+global LoRA policy back, aligned to all M objectives by each client's regularised MGDA (spec §3.1).
+
+    from collabalign.methods.firm import FIRMConfig, train_firm
+    result = train_firm(FIRMConfig(model="smollm2-135m", rounds=4), "prompts.jsonl",
+                        rewards=["relevance", my_reward])      # my_reward(prompts, replies) -> floats in [0, 1]
+    result.save("runs/firm")          # adapters/policy: a PEFT folder on the causal LM
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
+
+from collabalign.artifacts import Adapter, Result
+from collabalign.comm import Message
+from collabalign.config import Distinct, LoRASection, Strict
+from collabalign.data.formats import file_hash, load_prompts
+from collabalign.data.partition import iid
+from collabalign.federation.engine import EngineOptions
+from collabalign.federation.protocol import ClientContext
+from collabalign.federation.simulator import simulate
+from collabalign.lora.peft_io import peft_adapter
+from collabalign.lora.targets import default_targets
+from collabalign.methods.firm.federated import ClientData, FederatedPPO, LambdaRule, Rollouts
+from collabalign.models.backbones import Backbone
+from collabalign.models.pooled import layer_stack, top_block_targets
+from collabalign.models.saved import own_backbone
+from collabalign.policy import AdaptiveKL, Policy, PPOConfig, objective_gradients, rloo_advantages, write_gradient
+from collabalign.seeding import Seeds
+
+Reward = str | Callable[[list[str], list[str]], Sequence[float]]
+LENGTH_WORDS = 32  # the reply length (words) at which the shipped "length" reward saturates
+
+
+class FIRMConfig(Strict):
+    """Federated multi-objective PPO on LoRA: FIRM's per-client regularised MGDA (or a baseline's λ rule)."""
+
+    model: str = "smollm2-135m"
+    lora: LoRASection = LoRASection()
+    rewards: Distinct[str] = Field(["relevance", "brevity"], min_length=1)  # SHIPPED names, Hugging Face RMs
+    rule: Literal["firm", "fedavg-ls", "fedcmoo-a"] = "firm"  # FIRM, or the paper's baselines
+    step: Literal["ppo", "rloo"] = "ppo"  # the paper's PPO, or REINFORCE-leave-one-out (no critic; firm, fedavg-ls)
+    samples: int = Field(4, ge=2)  # rloo: replies sampled per prompt, each judged against the others' mean
+    beta: NonNegativeFloat = 0.01  # the MGDA regulariser β (spec §2)
+    preference: list[PositiveFloat] | None = None  # p, one weight per reward: replaces (β/2)I by Diag(1/p)
+    clients: PositiveInt = 4  # the prompts are split iid over them
+    rounds: PositiveInt = 4
+    batches: PositiveInt = 1  # rollout batches per client per round
+    batch_size: PositiveInt = 8  # prompts per rollout batch
+    max_new_tokens: PositiveInt = 24
+    max_prompt_tokens: PositiveInt = 128  # a longer prompt (chat template included) is an error, never cut
+    temperature: PositiveFloat = 1.0
+    ppo: PPOConfig = PPOConfig(minibatch=4, actor_lr=1e-4)
+    test_fraction: float = Field(0.2, ge=0, lt=1)  # prompts held out for the reported rewards
+    seed: NonNegativeInt = 0
+    engine: EngineOptions = EngineOptions()
+
+
+def _words(replies: Sequence[str]) -> np.ndarray:
+    return np.array([len(r.split()) for r in replies], dtype=np.float64)
+
+
+def length_reward(prompts: Sequence[str], replies: Sequence[str]) -> np.ndarray:
+    """min(words / LENGTH_WORDS, 1): longer replies, up to a point."""
+    return np.minimum(_words(replies) / LENGTH_WORDS, 1.0)
+
+
+def brevity_reward(prompts: Sequence[str], replies: Sequence[str]) -> np.ndarray:
+    """1 - length_reward: shorter replies."""
+    return 1.0 - length_reward(prompts, replies)
+
+
+class RelevanceReward:
+    """(1 + cos(e(prompt), e(reply))) / 2 with e a frozen all-MiniLM-L6-v2: replies on the prompt's topic."""
+
+    def __init__(self):
+        from collabalign.models.text_reward import SentenceEncoder
+
+        self.encoder = SentenceEncoder()
+
+    def __call__(self, prompts: Sequence[str], replies: Sequence[str]) -> np.ndarray:
+        cos = (self.encoder(prompts, remember=True) * self.encoder(replies)).sum(1).astype(np.float64)
+        return (1.0 + cos) / 2.0
+
+
+# Rewards shipped with the project that need no training: name -> a factory of the reward function
+SHIPPED: dict[str, Callable[[], Callable]] = {"length": lambda: length_reward, "brevity": lambda: brevity_reward,
+                                              "relevance": RelevanceReward}
+
+
+class FederatedRLOO(FederatedPPO):
+    """FIRM (or FedAvg-LS) with a REINFORCE-leave-one-out local step instead of PPO: per batch, `samples` replies per
+    prompt, one RLOO loss per objective on the KL-shaped rewards, combined by the client's λ rule."""
+
+    def __init__(self, policy: Policy, rule: LambdaRule, ppo: PPOConfig, rollouts: Rollouts, samples: int,
+                 evaluate_fn=None):
+        if rule.kind == "server":
+            raise ValueError("step rloo runs with rule firm or fedavg-ls (FedCMOO-A's gradient phase is PPO's)")
+        super().__init__(policy, rule, ppo, rollouts, evaluate_fn)
+        self.samples = samples
+
+    def _batch(self, client: ClientContext):
+        """B of the client's prompts, each sampled `samples` times in a row, scored -> (rollout, rewards (B·k, M))."""
+        data: ClientData = client.data
+        r = self.rollouts
+        idx = client.rng.choice(len(data.prompts), size=r.batch_size, replace=len(data.prompts) < r.batch_size)
+        prompts = [data.prompts[i] for i in idx for _ in range(self.samples)]
+        rollout = self.policy.generate(prompts, r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                       generator=client.torch_rng, max_prompt_tokens=r.max_prompt_tokens)
+        rewards = np.stack([np.asarray(rm(prompts, rollout.responses), dtype=np.float32) for rm in data.rewards], 1)
+        return rollout, torch.as_tensor(rewards)
+
+    def _train(self, params: dict, client: ClientContext, weights) -> Message:
+        """K RLOO steps from `params`; one λ per step (from the M objective gradients when the rule solves)."""
+        self.policy.load_adapter_state(params)
+        actor, critic = self._restore(client)
+        kl = AdaptiveKL.from_state(client.state, self.ppo)
+        trained = self.policy.adapter_params()
+        lambdas, rewards_log = [], []
+        for _ in range(self.rollouts.batches):
+            rollout, rewards = self._batch(client)
+            logprobs = self.policy.token_logprobs(rollout).sum(1)
+            seq_kl = logprobs.detach() - self.policy.token_logprobs(rollout, reference=True).sum(1)
+            shaped = rewards.to(logprobs) - kl.value * seq_kl[:, None]
+            losses = torch.stack([-(rloo_advantages(shaped[:, j], self.samples) * logprobs).mean()
+                                  for j in range(shaped.shape[1])])
+            grads = objective_gradients(losses, trained)
+            lam = (weights(grads) if callable(weights) else weights).detach().to(grads)
+            actor.zero_grad(set_to_none=True)
+            write_gradient(trained, grads @ lam)
+            actor.step()
+            kl.update(float(seq_kl.mean()), len(rollout))
+            lambdas.append(lam.numpy().astype(np.float64))
+            rewards_log.append(rewards.mean(0).numpy())
+        self._save(client, actor, critic, kl)
+        client.state["lambda_log"] = np.asarray(lambdas, dtype=np.float64)
+        client.state["reward_log"] = np.asarray(rewards_log, dtype=np.float64)
+        return Message(self.policy.adapter_state(), {"n": len(rewards_log) * len(rollout)})
+
+
+def reward_function(spec: Reward) -> tuple[str, Callable[[list[str], list[str]], np.ndarray]]:
+    """(name, f) for a shipped reward's name, a Hugging Face sequence-classification reward model's name or path, or
+    a callable; f checks that it gets one finite score per reply."""
+    if isinstance(spec, str):
+        if spec in SHIPPED:
+            name, raw = spec, SHIPPED[spec]()
+        else:
+            from collabalign.models.text_reward import HFRewardModel
+
+            name, raw = spec, HFRewardModel(spec)
+    else:
+        name, raw = getattr(spec, "name", None) or getattr(spec, "__name__", type(spec).__name__), spec
+
+    def checked(prompts: list[str], replies: list[str]) -> np.ndarray:
+        scores = np.asarray(raw(prompts, replies), dtype=np.float64)
+        if scores.shape != (len(replies),) or not np.isfinite(scores).all():
+            raise ValueError(f"reward {name}: expected {len(replies)} finite scores, got shape {scores.shape}")
+        return scores
+
+    return name, checked
+
+
+def prompts_and_hash(data: str | Path | Sequence[str]) -> tuple[list[str], str]:
+    """A prompts JSONL (loaded and checked) or prompt strings, and the sha256 the manifest records."""
+    if isinstance(data, str | Path):
+        return load_prompts(data), file_hash(data)
+    prompts = list(data)
+    if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
+        raise ValueError("data: give a prompts JSONL path or a non-empty list of non-blank prompt strings")
+    return prompts, hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
+
+
+def lambda_rule(config: FIRMConfig, m: int) -> LambdaRule:
+    """The λ rule of `config.rule` for M = m rewards (FedAvg-LS: the preference, normalised, as fixed weights)."""
+    if config.preference is not None and len(config.preference) != m:
+        raise ValueError(f"preference has {len(config.preference)} weights but there are {m} rewards")
+    p = None if config.preference is None else tuple(config.preference)
+    if config.rule == "firm":
+        return LambdaRule("firm", beta=config.beta, p=p)
+    if config.rule == "fedcmoo-a":
+        return LambdaRule("server", beta=0.0)
+    w = np.ones(m) if p is None else np.asarray(p)
+    return LambdaRule("fixed", w=tuple(float(x) for x in w / w.sum()))
+
+
+def lora_targets(backbone: Backbone, lora: LoRASection) -> list[str]:
+    """The architecture's default (or configured) targets, in the top `lora.blocks` blocks when set."""
+    names = default_targets(backbone.model, lora.targets)
+    if lora.blocks is None:
+        return names
+    return top_block_targets(backbone.model, min(lora.blocks, len(layer_stack(backbone.model)[1])), names)
+
+
+def train_firm(config: FIRMConfig, data: str | Path | Sequence[str], model: Backbone | str | None = None,
+               rewards: Sequence[Reward] | None = None, progress: bool = False) -> Result:
+    """Trains the global policy; per-round λ and rewards, and the held-out mean reward per objective (when
+    `test_fraction` > 0) are in `result.metrics`, the policy in `result.adapters["policy"]`. `rewards` (else
+    `config.rewards`): shipped names, Hugging Face reward model names or paths, or callables
+    f(prompts, replies) -> one float per reply, ideally in [0, 1]."""
+    prompts, data_hash = prompts_and_hash(data)
+    named = [reward_function(r) for r in (config.rewards if rewards is None else rewards)]
+    names, functions = [n for n, _ in named], tuple(f for _, f in named)
+    rule = lambda_rule(config, len(functions))
+    backbone, base_name = own_backbone(model, config.model)
+    seeds = Seeds(config.seed)
+    policy = Policy(backbone, lora_targets(backbone, config.lora), config.lora.rank, config.lora.alpha,
+                    config.lora.dropout, objectives=len(functions), generator=seeds.torch("firm/lora"))
+    rng = seeds.numpy("firm/split")
+    order = rng.permutation(len(prompts))
+    n_test = round(config.test_fraction * len(prompts))
+    test = [prompts[i] for i in np.sort(order[:n_test])]
+    train = [prompts[i] for i in np.sort(order[n_test:])]
+    clients = {f"client{c}": ClientData([train[i] for i in part], functions)
+               for c, part in enumerate(iid(len(train), config.clients, rng))}
+    rollouts = Rollouts(config.batches, config.batch_size, config.max_new_tokens, config.temperature,
+                        max_prompt_tokens=config.max_prompt_tokens)
+
+    def evaluate(policy: Policy, round_: int) -> dict[str, float]:
+        """Mean reward per objective of the global policy on the held-out prompts (one sample each)."""
+        rollout = policy.generate(test, config.max_new_tokens, generator=seeds.torch("firm/eval", round_),
+                                  temperature=config.temperature, max_prompt_tokens=config.max_prompt_tokens)
+        return {f"eval_reward_{j}": float(np.mean(f(test, rollout.responses))) for j, f in enumerate(functions)}
+
+    evaluate_fn = evaluate if test else None
+    algorithm = (FederatedPPO(policy, rule, config.ppo, rollouts, evaluate_fn) if config.step == "ppo"
+                 else FederatedRLOO(policy, rule, config.ppo, rollouts, config.samples, evaluate_fn))
+    per = algorithm.engine_rounds_per_round
+    sim = simulate(algorithm, clients, config.rounds * per, config.seed, eval_every=per, options=config.engine,
+                   progress=progress, label="firm")
+    policy.load_adapter_state(sim.state["params"])
+    rounds = [{**m, "round": m["round"] // per} for m in sim.metrics]
+    metrics = {"rounds": rounds, "objectives": names, "clients": len(clients), "train_prompts": len(train),
+               "test_prompts": n_test, "bytes": sim.ledger.total()}
+    metrics.update({k: v for k, v in rounds[-1].items() if k.startswith("eval_reward_")})
+    adapter = Adapter(*peft_adapter(policy.model, None, "", base_name, task_type="CAUSAL_LM"))
+    used = {**config.model_dump(), "rewards": names}  # the rewards actually used (a callable by its name)
+    return Result("firm", "policy", base_name, used, data_hash, metrics, {"policy": adapter},
+                  max_length=config.max_prompt_tokens + config.max_new_tokens, model=policy)

@@ -1,0 +1,157 @@
+"""FSLoRA and its heterogeneous-rank family, the entry point: labelled text (JSONL or a loaded `TextDataset`), any
+Hugging Face model, devices of different LoRA ranks; the server's global LoRA classifier and each device's rank-k_i
+slice of it back.
+
+    from collabalign.methods.fslora import FSLoRAConfig, train_fslora
+    result = train_fslora(FSLoRAConfig(model="minilm-l6", ranks=[2, 4, 8], rounds=10), "labelled.jsonl")
+    result.save("runs/fslora")  # adapters/global (rank lora.rank), adapters/device-<i> (rank k_i), each with its head
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+from collabalign.artifacts import Result
+from collabalign.config import LoRASection, Strict
+from collabalign.data.formats import file_hash, load_labelled
+from collabalign.data.glue import TextDataset
+from collabalign.data.partition import iid
+from collabalign.federation.engine import EngineOptions
+from collabalign.federation.protocol import ClientContext
+from collabalign.federation.simulator import simulate
+from collabalign.lora.targets import default_targets
+from collabalign.methods.fslora.common import ServerAdam, head_of
+from collabalign.methods.fslora.fedlora import fedlora
+from collabalign.methods.fslora.flexlora import FlexLoRA
+from collabalign.methods.fslora.heterolora import heterolora
+from collabalign.methods.fslora.problems import ClassificationData, Factors, LocalSGD, TorchLoRAProblem
+from collabalign.methods.fslora.sketch import SubspaceLoRA, fslora
+from collabalign.models.backbones import Backbone
+from collabalign.models.cached import CachedModel, cache_texts, lora_top_blocks
+from collabalign.models.pooled import PooledModel
+from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
+from collabalign.seeding import Seeds
+
+Method = Literal["fslora", "heterolora", "flexlora", "fedlora"]
+View = tuple[Factors, float]  # an adapter as the method uses it: factors per layer and the LoRA scale
+
+
+class FSLoRAConfig(Strict):
+    """Federated LoRA text classification (or regression) over devices of different ranks: FSLoRA or a method of the
+    family it is compared with. The LoRA scale is alpha / sqrt(lora.rank) (rsLoRA) for every method and device."""
+
+    model: str = "minilm-l6"
+    method: Method = "fslora"
+    lora: LoRASection = LoRASection(rank=8, alpha=8.0, blocks=1)  # rank: the server's global rank r
+    ranks: list[PositiveInt] = Field([2, 4, 8], min_length=1)  # one device per entry: its rank k_i <= lora.rank
+    rounds: PositiveInt = 10
+    local_steps: PositiveInt = 5
+    batch_size: PositiveInt = 16
+    lr: PositiveFloat = 0.05
+    momentum: float = Field(0.0, ge=0, lt=1)  # local SGD momentum, fresh every round
+    server_lr: PositiveFloat | None = None  # the authors' code's server Adam at this lr; None: eq. 5's mean step
+    max_length: PositiveInt = 64
+    test_fraction: float = Field(0.2, ge=0, lt=1)  # examples held out for the reported accuracy (Pearson)
+    seed: NonNegativeInt = 0
+    engine: EngineOptions = EngineOptions()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> FSLoRAConfig:
+        if max(self.ranks) > self.lora.rank:
+            raise ValueError(f"device ranks {self.ranks} must be at most the global rank lora.rank={self.lora.rank}")
+        if self.server_lr is not None and self.method == "flexlora":
+            raise ValueError("server_lr (server Adam) applies to fslora, heterolora and fedlora, not flexlora")
+        return self
+
+
+def train_fslora(config: FSLoRAConfig, data: str | Path | TextDataset, model: Backbone | str | None = None,
+                 progress: bool = False) -> Result:
+    """Trains the global LoRA classifier over `len(config.ranks)` devices (an iid split of the training examples);
+    the held-out score and per-round metrics are in `result.metrics`, the adapters in `result.adapters` ("global",
+    "device-<i>"); `result.model` is the pooled model with the global adapter loaded."""
+    texts, data_hash = _labelled(data)
+    backbone, name = own_backbone(model, config.model)
+    seeds = Seeds(config.seed)
+    pooled = PooledModel(backbone.model.eval(), backbone.causal, texts.num_labels, seeds.torch("head"))
+    targets = default_targets(backbone.model, config.lora.targets)
+    split = lora_top_blocks(pooled, config.lora.blocks or 10**6, targets, config.lora.rank,
+                            dropout=config.lora.dropout)
+    cache = cache_texts(pooled, backbone.tokenizer, texts.text_a, config.max_length, split, texts.text_b)
+    every = ClassificationData(torch.arange(len(texts)), torch.from_numpy(texts.labels))
+    order = seeds.numpy("test-split").permutation(len(texts))
+    n_test = round(config.test_fraction * len(texts))
+    test_rows, train_rows = np.sort(order[:n_test]), np.sort(order[n_test:])
+    sgd = LocalSGD(config.local_steps, config.lr, config.batch_size, config.momentum)
+    problem = TorchLoRAProblem(CachedModel(pooled, cache), ["pooled.head.weight", "pooled.head.bias"],
+                               every[torch.from_numpy(test_rows if n_test else train_rows)], sgd)
+    parts = iid(len(train_rows), len(config.ranks), seeds.numpy("devices"))
+    clients = {f"device{i}": every[torch.from_numpy(train_rows[p])] for i, p in enumerate(parts)}
+    method = _algorithm(config, problem, dict(zip(clients, config.ranks, strict=True)))
+    sim = simulate(method, clients, config.rounds, config.seed, options=config.engine, progress=progress,
+                   label=config.method)
+    metrics = {"rounds": sim.metrics, "devices": len(clients), "ranks": config.ranks,
+               "train_examples": len(train_rows), "test_examples": n_test, "bytes": sim.ledger.total()}
+    if n_test:
+        metrics.update({k: v for k, v in sim.metrics[-1].items() if k != "round"})
+    head, prefix = head_of(sim.state), base_prefix(backbone.model)
+    adapters = {}
+    for i, (factors, scale) in enumerate(_device_views(method, sim.state, config.rounds + 1, list(clients))):
+        problem._load(factors, head, scale, None)  # the layers now run the device's block at its scale
+        adapters[f"device-{i}"] = pooled_adapter(pooled, prefix, name)
+    factors, scale = _global_view(method, sim.state)
+    problem._load(factors, head, scale, None)  # last: result.model is the global classifier
+    adapters["global"] = pooled_adapter(pooled, prefix, name)
+    return Result(config.method, "classifier", name, config.model_dump(), data_hash, metrics, adapters,
+                  max_length=config.max_length, model=pooled)
+
+
+def _labelled(data: str | Path | TextDataset) -> tuple[TextDataset, str]:
+    """The labelled texts and the sha256 the manifest records (of the file, or of the loaded rows' JSON)."""
+    if isinstance(data, str | Path):
+        return load_labelled(data), file_hash(data)
+    rows = [data.text_a, data.text_b, data.labels.tolist()]
+    return data, hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+
+
+def _algorithm(config: FSLoRAConfig, problem: TorchLoRAProblem, ranks: dict[str, int]) -> SubspaceLoRA | FlexLoRA:
+    """The configured method over devices of these ranks, at global rank lora.rank."""
+    rank, alpha = config.lora.rank, config.lora.alpha
+    adam = None if config.server_lr is None else ServerAdam(config.server_lr)
+    if config.method == "fslora":
+        return fslora(problem, ranks, rank, alpha, server_adam=adam)
+    if config.method == "heterolora":
+        return heterolora(problem, ranks, rank, alpha, server_adam=adam)
+    if config.method == "fedlora":
+        return fedlora(problem, list(ranks), rank, alpha, server_adam=adam)
+    return FlexLoRA(problem, ranks, rank, alpha)
+
+
+def _device_views(method: SubspaceLoRA | FlexLoRA, state: dict[str, np.ndarray], round_: int,
+                  ids: list[str]) -> list[View]:
+    """Each device's rank-k_i adapter of the final global model, as the method hands it to the device in round
+    `round_` (FSLoRA: that round's sketch, with the r/k_i factor; HeteroLoRA: the first k_i ranks; FlexLoRA: the
+    rank-k_i SVD truncation; FedLoRA: the global factors)."""
+    messages = method.configure(state, round_, ids)
+    jobs = [method.local_job(messages[cid], ClientContext(cid, None)) for cid in ids]
+    return [(job.factors, float(job.scale)) for job in jobs]
+
+
+def _global_view(method: SubspaceLoRA | FlexLoRA, state: dict[str, np.ndarray]) -> View:
+    """The server's model as LoRA: its rank-r factors; for FlexLoRA the averaged update dW factored exactly (SVD) at
+    its rank, at most the sum of the device ranks."""
+    shapes = method.problem.shapes
+    if isinstance(method, SubspaceLoRA):
+        return {n: (state[f"{n}.B"], state[f"{n}.A"]) for n in shapes}, method.scale
+    rank = min(sum(method.ranks.values()), *(min(shape) for shape in shapes.values()))
+    factors = {}
+    for n in shapes:
+        u, sigma, vt = np.linalg.svd(state[f"{n}.dW"].astype(np.float64), full_matrices=False)
+        factors[n] = ((u[:, :rank] * sigma[:rank]).astype(np.float32), vt[:rank].astype(np.float32))
+    return factors, 1.0

@@ -1,0 +1,125 @@
+"""P-ShareLoRA personal reward models, the entry point: preference pairs with a `user` field, any Hugging Face model,
+one reward model per user back (its personal LoRA factors with the shared ones, and its score head).
+
+    from collabalign.methods.pshare_lora import PShareLoRAConfig, train_pshare_lora
+    result = train_pshare_lora(PShareLoRAConfig(model="minilm-l6", epochs=3), "pairs.jsonl")
+    print(result.metrics["accuracy_per_user"])
+    result.save("runs/prm")         # adapters/user-<user>: PEFT folder + head.safetensors, one per user
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import torch
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+
+from collabalign.artifacts import Adapter, Result
+from collabalign.config import LoRASection, Probability, Strict
+from collabalign.data.formats import pairs_and_hash
+from collabalign.data.preferences import PreferenceSet
+from collabalign.lora.targets import default_targets
+from collabalign.methods.pshare_lora.text import (
+    TextRewardModel,
+    TextTraining,
+    encode,
+    evaluate,
+    fit_model,
+    prefs_from_pairs,
+)
+from collabalign.methods.pshare_lora.train import METHODS
+from collabalign.models.backbones import Backbone
+from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
+from collabalign.seeding import Seeds
+
+Method = Literal[METHODS]
+
+
+class PShareLoRAConfig(Strict):
+    """Personalised reward models: P-ShareLoRA (a shared LoRA up-projection B, a down-projection A per user) or one of
+    its variants and baselines (`METHODS`), trained on every user's pairs at once (spec §8.4's text training)."""
+
+    model: str = "minilm-l6"
+    method: Method = "pshare_si"
+    lora: LoRASection = LoRASection(rank=8, alpha=4.0, blocks=2, dropout=0.05)  # blocks: the top N get LoRA
+    epochs: PositiveFloat = 3.0  # passes' worth of steps over the training pairs, the same budget for every method
+    batch_size: PositiveInt = 32
+    lr: PositiveFloat = 3e-3
+    linear_schedule: bool = True  # the rate decays linearly to 0 over the whole budget
+    global_fraction: Probability = 2 / 3  # pshare_g: the global phase's share of the steps
+    warmup_fraction: Probability = 0.1  # pshare_wu: the global warm-up's share
+    frozen_fraction: Probability = 0.7  # share_rep: the bottom share of the blocks kept frozen
+    max_length: PositiveInt = 128  # tokens of prompt + reply (longer texts lose their start)
+    micro_batch: NonNegativeInt = 0  # pairs per forward / backward within a batch (0: the whole batch)
+    gradient_checkpointing: bool = False
+    device: str = "cpu"
+    test_fraction: float = Field(0.2, ge=0, lt=1)  # of each user's pairs, held out for the reported accuracy
+    seed: NonNegativeInt = 0
+
+    def training(self, targets: list[str]) -> TextTraining:
+        """The method package's training settings."""
+        lora = self.lora
+        return TextTraining(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, batch_size=self.batch_size,
+                            epochs=self.epochs, lr=self.lr, linear=self.linear_schedule,
+                            global_fraction=self.global_fraction, warmup_fraction=self.warmup_fraction,
+                            frozen_fraction=self.frozen_fraction, device=self.device, targets=tuple(targets),
+                            micro_batch=self.micro_batch, checkpointing=self.gradient_checkpointing)
+
+
+def train_pshare_lora(config: PShareLoRAConfig, data: str | Path | PreferenceSet,
+                      model: Backbone | str | None = None, progress: bool = False) -> Result:
+    """Trains every user's reward model; held-out accuracy overall (the mean over users) and per user (by name) are in
+    `result.metrics` (when `test_fraction` > 0), user u's model in `result.adapters[f"user-{u}"]`."""
+    pairs, data_hash = pairs_and_hash(data, require=("user",))
+    names = sorted({p.party for p in pairs})
+    index = {name: i for i, name in enumerate(names)}
+    users = [index[p.party] for p in pairs]
+    train_rows, test_rows = split_per_user(users, config.test_fraction, Seeds(config.seed).numpy("pshare-lora-split"),
+                                           names)
+    backbone, base = own_backbone(model, config.model)
+    texts, prefs = prefs_from_pairs(pairs.pairs, users)
+    cache = encode(backbone, texts, config.max_length, config.lora.blocks or 10**6)
+    tc = config.training(default_targets(backbone.model, config.lora.targets))
+    if progress:
+        print(f"pshare-lora: {config.method} on {len(names)} users, {len(train_rows)} training pairs",
+              file=sys.stderr)
+    reward, losses, steps = fit_model(backbone, cache, prefs[train_rows], config.method, len(names), tc, config.seed)
+    metrics = {"users": len(names), "train_pairs": len(train_rows), "test_pairs": len(test_rows), "steps": steps,
+               "train_loss": round(losses[-1], 6)}
+    if len(test_rows):
+        held_out = evaluate(reward, prefs[test_rows], len(names))
+        metrics.update(accuracy=held_out["accuracy"],
+                       accuracy_per_user=dict(zip(names, held_out["accuracy_per_user"], strict=True)))
+        if progress:
+            print(f"pshare-lora: held-out accuracy {held_out['accuracy']:.4f}", file=sys.stderr)
+    adapters = {f"user-{name}": user_adapter(reward, base_prefix(backbone.model), base, i)
+                for i, name in enumerate(names)}
+    return Result("pshare-lora", "reward", base, config.model_dump(), data_hash, metrics, adapters,
+                  max_length=config.max_length, model=reward)
+
+
+def split_per_user(users: list[int], test_fraction: float, rng: np.random.Generator,
+                   names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train rows, test rows), sorted: a random `test_fraction` of each user's pairs held out (at least one when the
+    fraction is positive), at least one left to train; a user with too few pairs is a ValueError naming the user."""
+    users_arr = np.asarray(users)
+    train, test = [], []
+    for u, name in enumerate(names):
+        rows = rng.permutation(np.flatnonzero(users_arr == u))
+        n_test = max(1, round(test_fraction * len(rows))) if test_fraction > 0 else 0
+        if len(rows) - n_test < 1:
+            raise ValueError(f"user {name!r} has {len(rows)} pair(s): at least {n_test + 1} are needed to hold out "
+                             f"{n_test} and train on one (test_fraction {test_fraction})")
+        test.append(rows[:n_test])
+        train.append(rows[n_test:])
+    return torch.from_numpy(np.sort(np.concatenate(train))), torch.from_numpy(np.sort(np.concatenate(test)))
+
+
+def user_adapter(reward: TextRewardModel, prefix: str, base: str, user: int) -> Adapter:
+    """User `user`'s reward model: its personal factors (and the shared ones) and its score head row (or the shared
+    head)."""
+    head_rows = user if reward.pooled.head.per_user else None
+    return pooled_adapter(reward.pooled, prefix, base, user, head_rows)

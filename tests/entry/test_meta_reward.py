@@ -1,0 +1,82 @@
+import json
+import time
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file
+
+from collabalign.methods.meta_reward import MetaRewardConfig, train_meta_reward
+from collabalign.models.backbones import tiny_llama
+from collabalign.models.saved import SavedScorer
+from tests.entry.helpers import assert_bad_line_named, pooled_scores, write_jsonl
+
+THINGS = {"teapots": ["kettle", "spout", "glaze"], "kites": ["tail", "spar", "string"],
+          "lanterns": ["wick", "shade", "handle"]}
+CONFIG = MetaRewardConfig(held_out="lanterns", model="tiny-llama", policy="tiny-llama", sft_steps=3, inner_steps=2,
+                          outer_steps=4, select_every=2, test_steps=4, batch=4, outer_batch=4, max_length=32,
+                          lora={"rank": 2, "alpha": 4.0})
+
+
+def reviews(per_domain: int = 6) -> list[dict]:
+    """Invented reviews: the chosen continuation praises the thing, the rejected one pans it."""
+    rows = []
+    for domain, parts in THINGS.items():
+        for i in range(per_domain):
+            part = parts[i % len(parts)]
+            rows.append({"prompt": f"My {domain[:-1]} {part} ({i})", "chosen": f"is superb, I adore this {part}.",
+                         "rejected": f"broke at once, a dreadful {part}.", "domain": domain})
+    return rows
+
+
+def test_meta_learns_a_reward_that_loads_through_peft(tmp_path):
+    rows = reviews()
+    path = write_jsonl(tmp_path / "mine.jsonl", rows)
+    result = train_meta_reward(CONFIG, path)
+    m = result.metrics
+    assert m["train_domains"] == ["teapots", "kites"] and m["pairs"] == {"teapots": 6, "kites": 6, "lanterns": 6}
+    assert 0 <= m["held_out_reward_accuracy"] <= 1 and set(m["held_out_apl"]) == {"sft", "meta_test"}
+    assert len(m["log"]["loss"]) == 4
+    run = result.save(tmp_path / "run")
+    manifest = json.loads((run / "manifest.json").read_text())
+    assert manifest["method"] == "meta-reward" and manifest["base_model"] == "tiny-llama"
+    assert manifest["config"]["held_out"] == "lanterns" and len(manifest["data_hash"]) == 64
+    backbone = tiny_llama()
+    held = [r for r in rows if r["domain"] == "lanterns"]
+    prompts = [r["prompt"] for r in held] * 2
+    replies = [r["chosen"] for r in held] + [r["rejected"] for r in held]
+    saved = SavedScorer(run, backbone=backbone)(prompts, replies)
+    np.testing.assert_allclose(saved, pooled_scores(result.model, backbone.tokenizer, prompts, 32, replies)[:, 0],
+                               atol=1e-5)
+    assert np.mean(saved[:6] > saved[6:]) == m["held_out_reward_accuracy"]  # the metric is the saved reward's
+    arrays = load_file(str(run / "arrays.safetensors"))
+    assert arrays["held_out_policy.lm_head.lora_A"].shape == (2, 64)
+    assert arrays["held_out_policy.lm_head.lora_B"].shape == (len(backbone.tokenizer), 2)
+    again = train_meta_reward(CONFIG, path)  # same config and seed: the same reward and policy
+    np.testing.assert_array_equal(again.adapters["global"].head["weight"], result.adapters["global"].head["weight"])
+    np.testing.assert_array_equal(again.arrays["held_out_policy.lm_head.lora_B"],
+                                  arrays["held_out_policy.lm_head.lora_B"])
+
+
+def test_unknown_held_out_domain_names_the_domains(tmp_path):
+    path = write_jsonl(tmp_path / "mine.jsonl", reviews(2))
+    with pytest.raises(ValueError, match=r"'attics' is not in the data.*\['teapots', 'kites', 'lanterns'\]"):
+        train_meta_reward(CONFIG.model_copy(update={"held_out": "attics"}), path)
+
+
+def test_malformed_line(tmp_path):
+    assert_bad_line_named(lambda p: train_meta_reward(CONFIG, p), tmp_path, reviews(2), "domain", None)
+
+
+@pytest.mark.real
+def test_real_models_smoke(tmp_path):
+    start = time.perf_counter()
+    config = MetaRewardConfig(held_out="lanterns", sft_steps=2, inner_steps=2, outer_steps=2, select_every=2,
+                              test_steps=2, batch=4, outer_batch=4, max_length=32)
+    rows = reviews(4)
+    result = train_meta_reward(config, write_jsonl(tmp_path / "mine.jsonl", rows))
+    run = result.save(tmp_path / "run")
+    prompts, replies = [r["prompt"] for r in rows[:3]], [r["chosen"] for r in rows[:3]]
+    scorer = SavedScorer(run)
+    np.testing.assert_allclose(scorer(prompts, replies), pooled_scores(result.model, scorer.tokenizer, prompts, 32,
+                                                                       replies)[:, 0], atol=1e-5)
+    assert time.perf_counter() - start < 30
