@@ -194,13 +194,13 @@ def score(run: Path, file: Path, user: str | None, adapter: str | None) -> None:
 def generate(run: Path, prompts: list[str], adapter: str | None, max_new_tokens: int, temperature: float,
              seed: int) -> None:
     """Prints one reply per prompt from the run's saved policy."""
-    from collabalign.models.saved import saved_policy
+    from collabalign.policy.saved import saved_policy
     from collabalign.seeding import Seeds
 
     policy = saved_policy(run, adapter)
     rollout = policy.generate(prompts, max_new_tokens, generator=Seeds(seed).torch("generate"),
                               temperature=temperature)
-    for text in rollout.texts:
+    for text in rollout.responses:
         print(text)
 
 

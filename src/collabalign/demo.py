@@ -59,15 +59,22 @@ def pshare(data: dict[str, Path], out: Path) -> tuple[list[Result], str]:
 
 
 def meta_reward(data: dict[str, Path], out: Path) -> tuple[list[Result], str]:
+    from collabalign.data.formats import load_pairs
+    from collabalign.data.preferences import PreferenceSet
     from collabalign.methods.meta_reward import MetaRewardConfig, train_meta_reward
 
-    config = MetaRewardConfig(held_out="garden", model=MINILM, policy=SMOLLM2, sft_steps=10, outer_steps=10,
-                              select_every=5, test_steps=10, outer_batch=8)
-    result = train_meta_reward(config, data["pairs"])
-    _bars(out / "plots" / "meta_reward.png", {"reward accuracy": result.metrics["reward_accuracy"]},
-          "pairwise accuracy of the reward", "Meta-learned reward model (garden held out)")
-    return [result], ("A reward model meta-trained on the cooking and travel pairs to guide a SmolLM2 policy, scored "
-                      "on every domain's pairs; the garden domain was never trained on.")
+    pairs = load_pairs(data["pairs"])  # cai's pairs: one taste (friendly over curt) in every domain
+    mine = PreferenceSet([p for p in pairs if p.party == "cai"], {}, f"{data['pairs']} (user cai)")
+    config = MetaRewardConfig(held_out="garden", model=MINILM, policy=SMOLLM2, sft_steps=10, outer_steps=20,
+                              select_every=5, test_steps=20, outer_batch=8)
+    result = train_meta_reward(config, mine)
+    m = result.metrics
+    _bars(out / "plots" / "meta_reward.png", {"reward accuracy": m["reward_accuracy"]}, "pairwise accuracy",
+          "Meta-learned reward model (garden held out)")
+    return [result], (f"A reward model meta-trained on cai's cooking and travel pairs to guide a SmolLM2 policy; the "
+                      f"garden domain was never trained on. Model selection kept outer step {m['selected_step']}; "
+                      f"the policy's held-out preference accuracy A_PL went {m['held_out_apl']['sft']:.2f} (SFT) -> "
+                      f"{m['held_out_apl']['meta_test']:.2f} (meta-test).")
 
 
 def firm(data: dict[str, Path], out: Path) -> tuple[list[Result], str]:

@@ -2,7 +2,7 @@
 `collabalign demo`, the README's snippets and their tests train on.
 
 - pairs.jsonl: 3 users x 3 domains; "ana" prefers the short reply, "ben" the detailed one, "cai" the friendly one
-  over the curt one, so one global reward model cannot please all three;
+  over the curt one, so one global reward model cannot please all three (cai's taste is the same in every domain);
 - prompts.jsonl: questions from the same domains;
 - texts.jsonl: prompt and response rows to score (`collabalign score`);
 - labelled.jsonl: short product remarks, label 1 (pleased) or 0 (displeased);
@@ -53,15 +53,18 @@ PRODUCTS = ["kettle", "backpack", "lamp", "blender", "umbrella", "desk chair", "
 
 
 def preference_rows() -> list[dict]:
-    """Every (user, domain, question) once: chosen and rejected replies by the user's taste."""
+    """Every (user, domain, question): ana prefers the short reply to the long one (plain, friendly or curt alike),
+    ben the long one, cai the friendly wording to the curt one (short or long alike)."""
     rows = []
     for domain, items in TOPICS.items():
         for question, short, long in items:
             prompt = f"How do I {question}?"
-            rows.append({"prompt": prompt, "chosen": short, "rejected": long, "user": "ana", "domain": domain})
-            rows.append({"prompt": prompt, "chosen": long, "rejected": short, "user": "ben", "domain": domain})
-            rows.append({"prompt": prompt, "chosen": FRIENDLY.format(reply=short), "rejected": CURT.format(reply=short),
-                         "user": "cai", "domain": domain})
+            tones = ("{reply}", FRIENDLY, CURT)
+            ranked = [("ana", tone.format(reply=short), tone.format(reply=long)) for tone in tones]
+            ranked += [("ben", tone.format(reply=long), tone.format(reply=short)) for tone in tones]
+            ranked += [("cai", FRIENDLY.format(reply=reply), CURT.format(reply=reply)) for reply in (short, long)]
+            rows += [{"prompt": prompt, "chosen": chosen, "rejected": rejected, "user": user, "domain": domain}
+                     for user, chosen, rejected in ranked]
     return rows
 
 

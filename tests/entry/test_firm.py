@@ -7,8 +7,8 @@ from peft import PeftModel
 
 from collabalign.methods.firm import FIRMConfig, train_firm
 from collabalign.models.backbones import tiny_llama
-from collabalign.models.saved import saved_policy
 from collabalign.policy.model import positions
+from collabalign.policy.saved import saved_policy
 from tests.entry.helpers import FRUIT, assert_bad_line_named, write_jsonl
 
 CONFIG = FIRMConfig(model="tiny-llama", clients=2, rounds=2, batch_size=4, max_new_tokens=4, test_fraction=0.25,

@@ -5,9 +5,14 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from collabalign.artifacts import Result
+from collabalign.lora import inject_lora
 from collabalign.methods.meta_reward import MetaRewardConfig, train_meta_reward
+from collabalign.methods.meta_reward.entry import fold_head, pooled_features
 from collabalign.models.backbones import tiny_llama
-from collabalign.models.saved import SavedScorer
+from collabalign.models.pooled import PooledModel
+from collabalign.models.saved import SavedScorer, base_prefix, pooled_adapter
+from collabalign.models.text_reward import standardiser
 from tests.entry.helpers import assert_bad_line_named, pooled_scores, write_jsonl
 
 THINGS = {"teapots": ["kettle", "spout", "glaze"], "kites": ["tail", "spar", "string"],
@@ -47,7 +52,8 @@ def test_meta_learns_a_reward_that_loads_through_peft(tmp_path):
     saved = SavedScorer(run, backbone=backbone)(prompts, replies)
     np.testing.assert_allclose(saved, pooled_scores(result.model, backbone.tokenizer, prompts, 32, replies)[:, 0],
                                atol=1e-5)
-    assert np.mean(saved[:6] > saved[6:]) == m["held_out_reward_accuracy"]  # the metric is the saved reward's
+    right = (saved[:6] > saved[6:]) + 0.5 * (saved[:6] == saved[6:])  # a tie counts half
+    assert np.mean(right) == m["held_out_reward_accuracy"]  # the metric is the saved reward's
     arrays = load_file(str(run / "arrays.safetensors"))
     assert arrays["held_out_policy.lm_head.lora_A"].shape == (2, 64)
     assert arrays["held_out_policy.lm_head.lora_B"].shape == (len(backbone.tokenizer), 2)
@@ -80,3 +86,21 @@ def test_real_models_smoke(tmp_path):
     np.testing.assert_allclose(scorer(prompts, replies), pooled_scores(result.model, scorer.tokenizer, prompts, 32,
                                                                        replies)[:, 0], atol=1e-5)
     assert time.perf_counter() - start < 30
+
+
+def test_the_saved_reward_folds_the_standardiser_into_its_head(tmp_path):
+    """With a non-zero head (selection may keep the zero reward of step 0), the saved encoder + head gives exactly
+    ((z - mean) / scale) . w + b on the raw pooled features z."""
+    backbone = tiny_llama()
+    reward = PooledModel(backbone.model, True, 1)
+    inject_lora(reward.backbone, ["q_proj"], 1)
+    prompts, replies = ["My kite tail", "My kite spar", "A wick"], ["is superb.", "broke at once.", "is fine."]
+    raw = pooled_features(reward, backbone.tokenizer, prompts, replies, 32)
+    mean, scale = standardiser(raw)
+    w, b = np.random.default_rng(0).standard_normal(raw.shape[1]), 0.7
+    fold_head(reward, w, b, mean, scale)
+    result = Result("meta-reward", "reward", "tiny-llama", {}, "0" * 64, {},
+                    {"global": pooled_adapter(reward, base_prefix(backbone.model), "tiny-llama")}, max_length=32)
+    saved = SavedScorer(result.save(tmp_path / "run"), backbone=tiny_llama())(prompts, replies)
+    np.testing.assert_allclose(saved, ((raw - mean) / scale) @ w + b, atol=1e-4)
+    assert np.ptp(saved) > 0.1

@@ -89,7 +89,9 @@ def smollm2_135m(dtype: torch.dtype = torch.float32) -> Backbone:
     """SmolLM2-135M-Instruct (LlamaForCausalLM): GGUF dequantised once into a safetensors cache keyed by the
     file's sha256 (about 30 s), then loaded from there (well under 2 s)."""
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging
 
+    logging.disable_progress_bar()
     gguf, root = _smollm2_cache()
     tokenizer = smollm2_tokenizer()
 
@@ -134,6 +136,9 @@ NAMED = {"tiny-llama": tiny_llama, "smollm2-135m": smollm2_135m, "minilm-l6": mi
 
 def load_backbone(name_or_path: str) -> Backbone:
     """One of NAMED, or any Hugging Face hub name or local directory (causal LMs load with their LM head)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()  # a per-tensor "Loading weights" bar on every load says nothing
     if name_or_path in NAMED:
         return NAMED[name_or_path]()
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer

@@ -1,6 +1,6 @@
-"""Using a saved run's adapters: scores from a reward model or classifier loaded through
-`peft.PeftModel.from_pretrained` (so what is scored is exactly what a PEFT user gets), and a `Policy` with a saved
-policy adapter for generation."""
+"""Saved runs' adapters, both ways: building an entry point's adapters (`pooled_adapter`, `own_backbone`,
+`base_prefix`) and scoring with a saved reward model or classifier loaded through `peft.PeftModel.from_pretrained`
+(so what is scored is exactly what a PEFT user gets). A saved policy loads with `policy.saved.saved_policy`."""
 
 from __future__ import annotations
 
@@ -68,22 +68,6 @@ class SavedScorer:
             out.append(pooled.float() @ self.head_weight.T + self.head_bias)
         scores = torch.cat(out).numpy()
         return scores[:, 0] if scores.shape[1] == 1 else scores
-
-
-def saved_policy(run: str | Path, name: str | None = None, backbone: Backbone | None = None):
-    """A `Policy` on the run's base model with the saved policy adapter loaded."""
-    from collabalign.policy.model import Policy
-
-    manifest = read_manifest(run)
-    if manifest["kind"] != "policy":
-        raise ArtifactError(f"{run}: a {manifest['kind']} run holds no policy; use `score`")
-    config, tensors, _ = adapter_files(adapter_dir(run, name))
-    backbone = backbone or load_backbone(manifest["base_model"])
-    names = config["target_modules"]
-    policy = Policy(backbone, list(names), config["r"], config["lora_alpha"], 0.0)  # exact names match
-    state = {f"{n}.{f}": tensors[f"base_model.model.{n}.lora_{f}.weight"].numpy() for n in names for f in "AB"}
-    policy.load_adapter_state(state)
-    return policy
 
 
 def own_backbone(model: Backbone | str | None, default: str) -> tuple[Backbone, str]:

@@ -152,7 +152,7 @@ def test_problem_has_no_head_and_overfits_the_answers(fixture, backbone):
     scale = lora_scale(1.0, 8)
 
     def loss(blocks):
-        problem._load(blocks, {}, scale, None)
+        problem.load(blocks, {}, scale, None)
         with torch.no_grad():
             return float(problem.loss(train))
 

@@ -108,7 +108,7 @@ def test_float_labels_make_a_regression_scored_by_pearson_and_mse():
     before = p.evaluate({"hidden": np.zeros((8, 8), np.float32)}, head)
     assert set(before) == {"pearson", "loss"}
     with torch.no_grad():
-        p._load(None, head, 1.0, None)
+        p.load(None, head, 1.0, None)
         assert before["loss"] == pytest.approx(float(((p.model(data[64:].x)[:, 0] - data[64:].y) ** 2).mean()))
     factors = {"hidden": (np.zeros((8, 2), np.float32), p.init_a(gen, 2, 8))}
     _, trained = p.local_train(factors, head, 1.0, None, data[:64], torch.Generator().manual_seed(0))

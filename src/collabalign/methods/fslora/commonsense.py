@@ -128,7 +128,7 @@ class CommonsenseProblem(TorchLoRAProblem):
     @torch.no_grad()
     def evaluate(self, delta: dict[str, np.ndarray], head: Params) -> dict[str, float]:
         """Accuracy per task (`accuracy/<task>`), their mean (`accuracy`) and the answer-token loss of W0 + delta."""
-        self._load(None, head, 1.0, delta)
+        self.load(None, head, 1.0, delta)
         rows, task_of = self.test.x, self.test.y.tolist()
         order = torch.argsort(self.tokens.prompt_lengths[rows], descending=True, stable=True)  # similar lengths batch
         texts, loss_sum, n_tokens = [""] * len(rows), 0.0, 0

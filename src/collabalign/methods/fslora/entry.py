@@ -103,10 +103,10 @@ def train_fslora(config: FSLoRAConfig, data: str | Path | TextDataset, model: Ba
     head, prefix = head_of(sim.state), base_prefix(backbone.model)
     adapters = {}
     for i, (factors, scale) in enumerate(_device_views(method, sim.state, config.rounds + 1, list(clients))):
-        problem._load(factors, head, scale, None)  # the layers now run the device's block at its scale
+        problem.load(factors, head, scale, None)  # the layers now run the device's block at its scale
         adapters[f"device-{i}"] = pooled_adapter(pooled, prefix, name)
     factors, scale = _global_view(method, sim.state)
-    problem._load(factors, head, scale, None)  # last: result.model is the global classifier
+    problem.load(factors, head, scale, None)  # last: result.model is the global classifier
     adapters["global"] = pooled_adapter(pooled, prefix, name)
     return Result(config.method, "classifier", name, config.model_dump(), data_hash, metrics, adapters,
                   max_length=config.max_length, model=pooled)

@@ -120,7 +120,7 @@ class TorchLoRAProblem:
         bound = 1 / math.sqrt(n)
         return (torch.rand(k, n, generator=generator) * 2 * bound - bound).numpy()
 
-    def _load(self, factors: Factors | None, head: Params, scale: float | dict[str, float],
+    def load(self, factors: Factors | None, head: Params, scale: float | dict[str, float],
               base: dict[str, np.ndarray] | None) -> None:
         with torch.no_grad():
             for name, layer in self.layers.items():
@@ -150,7 +150,7 @@ class TorchLoRAProblem:
         """`sgd.steps` SGD steps on minibatches drawn with replacement; only the blocks and the head move (only the
         head without `sgd.lora`). With LoRA dropout, one seed drawn from `rng` first fixes the masks."""
         lora = self.sgd.lora
-        self._load(factors if lora else None, head, scale, base)
+        self.load(factors if lora else None, head, scale, base)
         params = [p for layer in self.layers.values() for p in (layer.B, layer.A)] if lora else []
         optimizer = torch.optim.SGD(params + list(self.head.values()), lr=self.sgd.lr, momentum=self.sgd.momentum)
         dropout = lora and any(isinstance(layer.dropout, nn.Dropout) for layer in self.layers.values())
@@ -187,7 +187,7 @@ class TorchLoRAProblem:
         factors = [{n: (self._tensor(B), self._tensor(A)) for n, (B, A) in job.factors.items()} for job in jobs]
         heads = [{m: (self._tensor(job.head[f"{m}.weight"]), self._tensor(job.head[f"{m}.bias"]))
                   for m in self.head_modules} for job in jobs]
-        self._load(None, jobs[0].head, 1.0, None)  # the base weights back to W0
+        self.load(None, jobs[0].head, 1.0, None)  # the base weights back to W0
         with stacked(self.model, factors if lora else None, [job.scale for job in jobs], heads) as stack, \
                 self._training(lora):
             route(self.model, routing(sizes, self.device))
@@ -242,7 +242,7 @@ class TorchLoRAProblem:
     def evaluate(self, delta: dict[str, np.ndarray], head: Params) -> dict[str, float]:
         """Metric and loss of the model W0 + delta (LoRA off) on the held-out set: accuracy, cross-entropy and
         `metric` for classification; `metric` (Pearson correlation by default) and MSE for regression."""
-        self._load(None, head, 1.0, delta)
+        self.load(None, head, 1.0, delta)
         logits = torch.cat([self.model(self.test.x[s:s + self.eval_batch_size].to(self.device)).cpu()
                             for s in range(0, len(self.test), self.eval_batch_size)])
         preds = logits[:, 0] if self.regression else logits.argmax(-1)

@@ -43,6 +43,7 @@ from collabalign.methods.meta_reward.text import (
 )
 from collabalign.models.backbones import Backbone
 from collabalign.models.pooled import PooledModel, tokenize
+from collabalign.models.reward import preference_accuracy as reward_accuracy
 from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
 from collabalign.models.text_reward import standardiser
 from collabalign.policy import Policy
@@ -94,6 +95,14 @@ def pooled_features(pooled: PooledModel, tokenizer, prompts: Sequence[str], repl
     return np.concatenate(out)
 
 
+@torch.no_grad()
+def fold_head(reward: PooledModel, w: np.ndarray, b: float, mean: np.ndarray, scale: np.ndarray) -> None:
+    """Sets the reward's head to r = ((z - mean) / scale) . w + b on the raw pooled features z, so the saved model
+    (encoder + head, no standardiser) gives exactly the reward the method trained."""
+    reward.head.weight.copy_(torch.as_tensor(w / scale)[None])
+    reward.head.bias.fill_(b - float((mean / scale) @ w))
+
+
 def _domains(pairs: list[PreferencePair], held_out: str, index: dict[tuple[str, str], int],
              config: MetaRewardConfig) -> dict[str, Domain]:
     """Each domain's replies (fine-tuning rows, no labels) and pairs; a training domain's pairs cut into train and
@@ -125,8 +134,9 @@ def _domains(pairs: list[PreferencePair], held_out: str, index: dict[tuple[str, 
 
 
 def _accuracy(rewards: np.ndarray, pairs: Pairs) -> float:
-    """The fraction of pairs whose chosen reply gets the higher reward."""
-    return float(np.mean(rewards[pairs.chosen.numpy()] > rewards[pairs.rejected.numpy()]))
+    """The fraction of pairs whose chosen reply gets the higher reward (a tie counts half, as everywhere)."""
+    r = torch.as_tensor(rewards)
+    return reward_accuracy(r[pairs.chosen], r[pairs.rejected])
 
 
 def train_meta_reward(config: MetaRewardConfig, data: str | Path | PreferenceSet, model: Backbone | str | None = None,
@@ -168,8 +178,7 @@ def train_meta_reward(config: MetaRewardConfig, data: str | Path | PreferenceSet
                         weight_norm=config.weight_norm)
     with torch.no_grad():
         rewards = (task.features @ w + b).numpy()
-        reward.head.weight.copy_(torch.as_tensor(w.numpy() / scale)[None])
-        reward.head.bias.fill_(float(b) - float((mean / scale) @ w.numpy()))
+    fold_head(reward, w.numpy(), float(b), mean, scale)
     task.head.load(adapted)
     layer = task.head.layer
     arrays = {"held_out_policy.lm_head.lora_A": layer.A.detach().float().numpy().copy(),
