@@ -20,7 +20,7 @@ venv: .venv/.installed
 	touch $@
 
 demo: venv
-	.venv/bin/collabalign reproduce all --quick --out runs/demo
+	.venv/bin/collabalign demo --out runs/demo
 
 lint: venv
 	.venv/bin/ruff check .

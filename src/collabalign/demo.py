@@ -10,6 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from collabalign.artifacts import Result
 from collabalign.examples import write_examples
@@ -28,8 +29,8 @@ def _bars(path: Path, groups: dict[str, dict[str, float]], ylabel: str, title: s
         ax.bar(np.arange(len(labels)) + i * width, [values[k] for k in labels], width, label=name)
     ax.set_xticks(np.arange(len(labels)) + 0.4 - width / 2, labels)
     ax.set_ylabel(ylabel)
-    ax.set_ylim(0, 1.05)
-    ax.legend(fontsize=8)
+    ax.set_ylim(0, 1.2)
+    ax.legend(fontsize=8, loc="upper center", ncols=len(groups))
     save(fig, path, title)
 
 
@@ -40,6 +41,7 @@ def _curves(path: Path, series: dict[str, tuple[list[float], list[float]]], xlab
         ax.plot(xs, ys, marker=".", label=label)
     if log_y:
         ax.set_yscale("log")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
@@ -52,7 +54,7 @@ def pshare(data: dict[str, Path], out: Path) -> tuple[list[Result], str]:
 
     results = [train_pshare_lora(PShareLoRAConfig(model=MINILM, method=m, epochs=6, batch_size=8, test_fraction=0.25),
                                  data["pairs"]) for m in ("pshare_si", "global")]
-    _bars(out / "plots" / "pshare_lora.png", {r.config["method"]: r.metrics["accuracy_per_user"] for r in results},
+    _bars(out / "plots" / "pshare.png", {r.config["method"]: r.metrics["accuracy_per_user"] for r in results},
           "held-out preference accuracy", "P-ShareLoRA: one reward model per user")
     return results, ("Three users who disagree (ana: short replies, ben: detailed ones, cai: friendly ones). Held-out "
                      "accuracy per user of P-ShareLoRA (SI) against one global LoRA reward model.")

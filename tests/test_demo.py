@@ -1,0 +1,25 @@
+"""`collabalign demo` trains each method through its entry point, saves every result and writes one report with a
+plot per method (here on the tiny random Llama; `make demo` runs it on the real small models)."""
+
+import json
+import re
+
+from collabalign import demo
+
+
+def test_demo_trains_saves_and_reports_each_method(tmp_path, monkeypatch):
+    monkeypatch.setattr(demo, "SMOLLM2", "tiny-llama")
+    monkeypatch.setattr(demo, "MINILM", "tiny-llama")
+    report = demo.run_demo(tmp_path)
+    text = report.read_text()
+    for title in demo.PARTS:
+        assert f"## {title}" in text
+    for link in re.findall(r"\]\((plots/[^)]+)\)", text):
+        assert (tmp_path / link).is_file(), link
+    plots = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
+    assert plots == ["affpcl.png", "firm.png", "fslora.png", "meta_reward.png", "pshare.png"]
+    manifests = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/manifest.json")}
+    assert set(manifests) == {"pshare-pshare_si", "pshare-global", "meta_reward", "firm", "fslora", "affpcl-affpcl",
+                              "affpcl-il"}
+    assert (tmp_path / "firm" / "adapters" / "policy" / "adapter_config.json").exists()
+    assert (tmp_path / "pshare-pshare_si" / "adapters" / "user-cai" / "head.safetensors").exists()
