@@ -54,3 +54,14 @@ def test_help(command, capsys):
     with pytest.raises(SystemExit) as done:
         main([command, "--help"])
     assert done.value.code == 0 and "run_dir" in capsys.readouterr().out
+
+
+@pytest.mark.real
+def test_real_smoke_on_smollm2(tmp_path):
+    path = write_jsonl(tmp_path / "mine.jsonl", user_pairs(12))
+    result = train_fedavg_lora(FedAvgLoRAConfig(model="smollm2-135m", rounds=1, max_length=32), path)
+    run = result.save(tmp_path / "run")
+    texts = ["Tell me about the salak.The salak is sweet and lovely."]
+    scorer = SavedScorer(run)  # the base model loaded by the name in the manifest
+    np.testing.assert_allclose(scorer(texts), pooled_scores(result.model, scorer.tokenizer, texts, 32)[:, 0],
+                               atol=1e-5)
