@@ -16,24 +16,21 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from collabalign.artifacts import Adapter, Result
-from collabalign.comm import Message
 from collabalign.config import Distinct, LoRASection, Strict
 from collabalign.data.formats import file_hash, load_prompts
 from collabalign.data.partition import iid
 from collabalign.federation.engine import EngineOptions
-from collabalign.federation.protocol import ClientContext
 from collabalign.federation.simulator import simulate
 from collabalign.lora.peft_io import peft_adapter
 from collabalign.lora.targets import default_targets
-from collabalign.methods.firm.federated import ClientData, FederatedPPO, LambdaRule, Rollouts
+from collabalign.methods.firm.federated import ClientData, FederatedPPO, FederatedRLOO, LambdaRule, Rollouts
 from collabalign.models.backbones import Backbone
 from collabalign.models.pooled import layer_stack, top_block_targets
 from collabalign.models.saved import own_backbone
-from collabalign.policy import AdaptiveKL, Policy, PPOConfig, objective_gradients, rloo_advantages, write_gradient
+from collabalign.policy import Policy, PPOConfig
 from collabalign.seeding import Seeds
 
 Reward = str | Callable[[list[str], list[str]], Sequence[float]]
@@ -94,56 +91,6 @@ class RelevanceReward:
 # Rewards shipped with the project that need no training: name -> a factory of the reward function
 SHIPPED: dict[str, Callable[[], Callable]] = {"length": lambda: length_reward, "brevity": lambda: brevity_reward,
                                               "relevance": RelevanceReward}
-
-
-class FederatedRLOO(FederatedPPO):
-    """FIRM (or FedAvg-LS) with a REINFORCE-leave-one-out local step instead of PPO: per batch, `samples` replies per
-    prompt, one RLOO loss per objective on the KL-shaped rewards, combined by the client's λ rule."""
-
-    def __init__(self, policy: Policy, rule: LambdaRule, ppo: PPOConfig, rollouts: Rollouts, samples: int,
-                 evaluate_fn=None):
-        if rule.kind == "server":
-            raise ValueError("step rloo runs with rule firm or fedavg-ls (FedCMOO-A's gradient phase is PPO's)")
-        super().__init__(policy, rule, ppo, rollouts, evaluate_fn)
-        self.samples = samples
-
-    def _batch(self, client: ClientContext):
-        """B of the client's prompts, each sampled `samples` times in a row, scored -> (rollout, rewards (B·k, M))."""
-        data: ClientData = client.data
-        r = self.rollouts
-        idx = client.rng.choice(len(data.prompts), size=r.batch_size, replace=len(data.prompts) < r.batch_size)
-        prompts = [data.prompts[i] for i in idx for _ in range(self.samples)]
-        rollout = self.policy.generate(prompts, r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
-                                       generator=client.torch_rng, max_prompt_tokens=r.max_prompt_tokens)
-        rewards = np.stack([np.asarray(rm(prompts, rollout.responses), dtype=np.float32) for rm in data.rewards], 1)
-        return rollout, torch.as_tensor(rewards)
-
-    def _train(self, params: dict, client: ClientContext, weights) -> Message:
-        """K RLOO steps from `params`; one λ per step (from the M objective gradients when the rule solves)."""
-        self.policy.load_adapter_state(params)
-        actor, critic = self._restore(client)
-        kl = AdaptiveKL.from_state(client.state, self.ppo)
-        trained = self.policy.adapter_params()
-        lambdas, rewards_log = [], []
-        for _ in range(self.rollouts.batches):
-            rollout, rewards = self._batch(client)
-            logprobs = self.policy.token_logprobs(rollout).sum(1)
-            seq_kl = logprobs.detach() - self.policy.token_logprobs(rollout, reference=True).sum(1)
-            shaped = rewards.to(logprobs) - kl.value * seq_kl[:, None]
-            losses = torch.stack([-(rloo_advantages(shaped[:, j], self.samples) * logprobs).mean()
-                                  for j in range(shaped.shape[1])])
-            grads = objective_gradients(losses, trained)
-            lam = (weights(grads) if callable(weights) else weights).detach().to(grads)
-            actor.zero_grad(set_to_none=True)
-            write_gradient(trained, grads @ lam)
-            actor.step()
-            kl.update(float(seq_kl.mean()), len(rollout))
-            lambdas.append(lam.numpy().astype(np.float64))
-            rewards_log.append(rewards.mean(0).numpy())
-        self._save(client, actor, critic, kl)
-        client.state["lambda_log"] = np.asarray(lambdas, dtype=np.float64)
-        client.state["reward_log"] = np.asarray(rewards_log, dtype=np.float64)
-        return Message(self.policy.adapter_state(), {"n": len(rewards_log) * len(rollout)})
 
 
 def reward_function(spec: Reward) -> tuple[str, Callable[[list[str], list[str]], np.ndarray]]:

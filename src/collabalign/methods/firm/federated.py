@@ -1,4 +1,5 @@
-"""FIRM and its baselines on a language-model policy (spec §3.1, §3.2, §3.5), as one federation `Algorithm`.
+"""FIRM and its baselines on a language-model policy (spec §3.1, §3.2, §3.5), as one federation `Algorithm`
+(`FederatedRLOO`: the same with REINFORCE-leave-one-out local steps instead of PPO).
 
 Every client runs K rollout batches of PPO per round on its own prompts with M reward models; the methods differ
 only in how the M per-objective PPO gradients are combined at each minibatch step (`LambdaRule`):
@@ -32,6 +33,8 @@ from collabalign.policy import (
     ppo_losses,
     ppo_update,
     prepare,
+    rloo_advantages,
+    write_gradient,
 )
 from collabalign.policy.state import load_optimizer, save_optimizer
 from collabalign.seeding import Seeds
@@ -228,3 +231,53 @@ def lambda_stats(lams: np.ndarray) -> dict:
     out.update({"lambda_dispersion": float(disp), "lambda_volatility": float(vol),
                 "lambda_steps": lams[..., 0].tolist()})  # per client, per step: the λ trajectories' plot
     return out
+
+
+class FederatedRLOO(FederatedPPO):
+    """FIRM (or FedAvg-LS) with a REINFORCE-leave-one-out local step instead of PPO: per batch, `samples` replies per
+    prompt, one RLOO loss per objective on the KL-shaped rewards, combined by the client's λ rule."""
+
+    def __init__(self, policy: Policy, rule: LambdaRule, ppo: PPOConfig, rollouts: Rollouts, samples: int,
+                 evaluate_fn=None):
+        if rule.kind == "server":
+            raise ValueError("step rloo runs with rule firm or fedavg-ls (FedCMOO-A's gradient phase is PPO's)")
+        super().__init__(policy, rule, ppo, rollouts, evaluate_fn)
+        self.samples = samples
+
+    def _batch(self, client: ClientContext):
+        """B of the client's prompts, each sampled `samples` times in a row, scored -> (rollout, rewards (B·k, M))."""
+        data: ClientData = client.data
+        r = self.rollouts
+        idx = client.rng.choice(len(data.prompts), size=r.batch_size, replace=len(data.prompts) < r.batch_size)
+        prompts = [data.prompts[i] for i in idx for _ in range(self.samples)]
+        rollout = self.policy.generate(prompts, r.max_new_tokens, temperature=r.temperature, top_p=r.top_p,
+                                       generator=client.torch_rng, max_prompt_tokens=r.max_prompt_tokens)
+        rewards = np.stack([np.asarray(rm(prompts, rollout.responses), dtype=np.float32) for rm in data.rewards], 1)
+        return rollout, torch.as_tensor(rewards)
+
+    def _train(self, params: dict, client: ClientContext, weights) -> Message:
+        """K RLOO steps from `params`; one λ per step (from the M objective gradients when the rule solves)."""
+        self.policy.load_adapter_state(params)
+        actor, critic = self._restore(client)
+        kl = AdaptiveKL.from_state(client.state, self.ppo)
+        trained = self.policy.adapter_params()
+        lambdas, rewards_log = [], []
+        for _ in range(self.rollouts.batches):
+            rollout, rewards = self._batch(client)
+            logprobs = self.policy.token_logprobs(rollout).sum(1)
+            seq_kl = logprobs.detach() - self.policy.token_logprobs(rollout, reference=True).sum(1)
+            shaped = rewards.to(logprobs) - kl.value * seq_kl[:, None]
+            losses = torch.stack([-(rloo_advantages(shaped[:, j], self.samples) * logprobs).mean()
+                                  for j in range(shaped.shape[1])])
+            grads = objective_gradients(losses, trained)
+            lam = (weights(grads) if callable(weights) else weights).detach().to(grads)
+            actor.zero_grad(set_to_none=True)
+            write_gradient(trained, grads @ lam)
+            actor.step()
+            kl.update(float(seq_kl.mean()), len(rollout))
+            lambdas.append(lam.numpy().astype(np.float64))
+            rewards_log.append(rewards.mean(0).numpy())
+        self._save(client, actor, critic, kl)
+        client.state["lambda_log"] = np.asarray(lambdas, dtype=np.float64)
+        client.state["reward_log"] = np.asarray(rewards_log, dtype=np.float64)
+        return Message(self.policy.adapter_state(), {"n": len(rewards_log) * len(rollout)})
