@@ -12,13 +12,13 @@ from pathlib import Path
 import numpy as np
 from timing import compare
 
-from collabalign.methods.affpcl import IFCA, IL, AffPCL, Ditto, FedAvg, FineTune, GaussianSystems, PFedMe, run
+from collabalign.methods.affpcl import IFCA, IL, AffPCL, Ditto, FineTune, GaussianSystems, OneStepFedAvg, PFedMe, run
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the per-agent reference loops live in tests/
 from tests.methods.affpcl.reference import reference_affpcl, reference_fedavg, reference_il  # noqa: E402
 
 LEVELS, RUNS, N, STEPS, ALPHA = (0.0, 0.05, 0.3, 0.8), 10, 20, 60, 0.01
-METHODS = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(), "finetune": FineTune(), "pfedme": PFedMe(),
+METHODS = {"il": IL(), "fedavg": OneStepFedAvg(), "affpcl": AffPCL(), "finetune": FineTune(), "pfedme": PFedMe(),
            "ditto": Ditto(), "ifca": IFCA()}
 SHARED = {"il": reference_il, "fedavg": reference_fedavg, "affpcl": reference_affpcl}
 

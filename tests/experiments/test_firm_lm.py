@@ -41,7 +41,7 @@ def test_gpu_config_runs_end_to_end_on_tiny_stand_ins_and_resumes_from_its_cache
     overrides = [f"lm.model={tmp_path / 'policy'}", "lm.device=cpu", "hf_rewards.device=cpu",
                  f"hf_rewards.helpful={tmp_path / 'helpful'}", f"hf_rewards.harmless={tmp_path / 'harmless'}",
                  f"hf_rewards.helpful_alt={tmp_path / 'helpful'}", "lm.seeds=3", "lm.clients=2", "lm.rounds=1",
-                 "lm.batches=1", "lm.batch_size=2", "lm.minibatch=2", "lm.max_new_tokens=3", "lm.eval_prompts=2",
+                 "lm.batches=1", "lm.batch_size=2", "lm.ppo.minibatch=2", "lm.max_new_tokens=3", "lm.eval_prompts=2",
                  "lm.prompts_per_source=8", "lm.beta_sweep=[0.0,0.05]", "lm.preferences=[0.1,1.0,10.0]"]
     args = ["run", str(CONFIG_DIR / "firm" / "gpu_tinyllama.yaml"), *overrides, "--out", str(out), "--no-progress"]
     assert main(args) == 0
@@ -65,9 +65,9 @@ def test_gpu_config_runs_end_to_end_on_tiny_stand_ins_and_resumes_from_its_cache
     assert main(args) == 0
     assert (out / "metrics.jsonl").read_bytes() == first
     # a setting that changes the numbers: the folder is refused, and with --force the cache is invalidated
-    assert main([*args[:-3], "lm.actor_lr=0.001", *args[-3:]]) == 2
+    assert main([*args[:-3], "lm.ppo.actor_lr=0.001", *args[-3:]]) == 2
     with pytest.raises(pytest.fail.Exception, match="trained again"):
-        main([*args[:-3], "lm.actor_lr=0.001", *args[-3:], "--force"])
+        main([*args[:-3], "lm.ppo.actor_lr=0.001", *args[-3:], "--force"])
 
 
 def test_not_run_records_every_declared_claim():

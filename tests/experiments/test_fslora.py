@@ -148,7 +148,7 @@ def test_a_diverged_run_is_saved_and_fails_again_without_running_again(tmp_path,
         raise RoundFailed("round 1: 0 valid replies of 5, min_replies = 4")
 
     for key, runs in (("k", 1), ("k", 1), ("other settings", 2)):
-        runner = Runner(cfg.federation, progress=False, cache=tmp_path, key=key)
+        runner = Runner(cfg.federation, cfg.engine, progress=False, cache=tmp_path, key=key)
         monkeypatch.setattr(runner, "_simulate", diverge)
         with pytest.raises(RoundFailed, match="round 1: 0 valid replies"):
             runner.run({"experiment": "E1", "problem": "toy"}, None, {}, runner.arm("fslora"), 0)

@@ -96,7 +96,7 @@ def test_the_selection_slice_is_held_out_of_training_and_apart_from_dev():
     if shared_data_dir() is None:
         pytest.skip("../shared/data not found")
     cfg = load_config(config_path("fslora", quick=True), GLUE_TOY[:-1])[2]
-    runner = Runner(cfg.glue_federation(), progress=False)
+    runner = Runner(cfg.glue_federation(), cfg.engine, progress=False)
     task = glue.load_task(cfg, "SST-2", minilm_l6(), runner)
     fit, select, dev = (set(d.x.tolist()) for d in (task.fit, task.select, task.dev))
     assert len(select) == 8 and len(fit) == 32 and len(dev) == 40

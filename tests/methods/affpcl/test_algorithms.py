@@ -4,12 +4,12 @@ with the per-agent loops, determinism."""
 import numpy as np
 import pytest
 
-from collabalign.methods.affpcl import IFCA, IL, AffPCL, Ditto, FedAvg, FineTune, GaussianSystems, PFedMe, run
+from collabalign.methods.affpcl import IFCA, IL, AffPCL, Ditto, FineTune, GaussianSystems, OneStepFedAvg, PFedMe, run
 from collabalign.methods.affpcl.systems import GaussianBatch
 
 from .reference import reference_affpcl, reference_fedavg, reference_il
 
-METHODS = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(), "finetune": FineTune(), "pfedme": PFedMe(),
+METHODS = {"il": IL(), "fedavg": OneStepFedAvg(), "affpcl": AffPCL(), "finetune": FineTune(), "pfedme": PFedMe(),
            "ditto": Ditto(), "ifca": IFCA()}
 
 
@@ -51,7 +51,7 @@ def test_without_importance_weights_the_correction_is_biased_under_environment_s
 
 
 @pytest.mark.parametrize("method,reference,options", [
-    (IL(), reference_il, {}), (FedAvg(), reference_fedavg, {}), (AffPCL(), reference_affpcl, {}),
+    (IL(), reference_il, {}), (OneStepFedAvg(), reference_fedavg, {}), (AffPCL(), reference_affpcl, {}),
     (AffPCL(cdl="22-2", weights="estimated"), reference_affpcl, {"cdl": "22-2", "weights": "estimated"}),
     (AffPCL(weights="none"), reference_affpcl, {"weights": "none"})])
 def test_vectorised_equals_per_agent_reference(method, reference, options):
@@ -71,7 +71,7 @@ def test_affpcl_with_one_agent_is_independent_learning():
 def test_affpcl_gets_fedavg_rate_in_the_homogeneous_setting(central, cdl):
     system = GaussianSystems(np.random.default_rng(4), 8, 20)
     last = {m: last10(errors(method, system, 60, seed=5)).mean()
-            for m, method in (("il", IL()), ("fedavg", FedAvg()), ("affpcl", AffPCL(central=central, cdl=cdl)))}
+            for m, method in (("il", IL()), ("fedavg", OneStepFedAvg()), ("affpcl", AffPCL(central=central, cdl=cdl)))}
     assert 0.6 < last["affpcl"] / last["fedavg"] < 1.6
     assert last["affpcl"] / last["il"] < 0.2  # collaboration gain: ~1/n asymptotically, here n = 20
 
@@ -81,7 +81,7 @@ def test_regularised_and_fine_tuned_baselines_reduce_to_their_parts():
     il = errors(IL(), system, 20, seed=8)
     np.testing.assert_allclose(errors(Ditto(reg=0.0), system, 20, seed=8), il)
     np.testing.assert_allclose(errors(PFedMe(reg=0.0), system, 20, seed=8), il)
-    fed = errors(FedAvg(), system, 20, seed=8)
+    fed = errors(OneStepFedAvg(), system, 20, seed=8)
     tuned = errors(FineTune(), system, 20, seed=8)
     np.testing.assert_array_equal(tuned[:10], fed[:10])
     assert not np.allclose(tuned[10:], fed[10:])
@@ -106,7 +106,7 @@ def test_ifca_sampled_loss_scores_every_cluster():
 def test_ifca_with_one_cluster_started_at_zero_is_fedavg():
     system = GaussianSystems(np.random.default_rng(16), 2, 3, delta_env=0.6, delta_obj=0.6)
     err = errors(IFCA(clusters=1, init_std=0.0), system, 30, seed=17)
-    np.testing.assert_allclose(err, errors(FedAvg(), system, 30, seed=17), rtol=1e-10)
+    np.testing.assert_allclose(err, errors(OneStepFedAvg(), system, 30, seed=17), rtol=1e-10)
 
 
 def test_same_seed_same_errors_for_every_method():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from collabalign.data.digit_features import DigitFeatures
-from collabalign.methods.affpcl import IL, AffPCL, FedAvg, LocalAffPCL, LocalFedAvg, run
+from collabalign.methods.affpcl import IL, AffPCL, LocalAffPCL, LocalFedAvg, OneStepFedAvg, run
 from collabalign.methods.affpcl.digits import DigitsUsers
 
 
@@ -112,7 +112,7 @@ def test_local_steps_affpcl_and_fedavg_equal_per_user_loop(feats):
 def test_one_local_step_per_round_is_per_step_communication(feats):
     users = DigitsUsers(feats, np.random.default_rng(8), 2, 3, delta_obj=1.0, batch=4)
     u = users.draw(20, np.random.default_rng(9))
-    pairs = ((LocalAffPCL(1), AffPCL(central="oracle", weights="none")), (LocalFedAvg(1), FedAvg()))
+    pairs = ((LocalAffPCL(1), AffPCL(central="oracle", weights="none")), (LocalFedAvg(1), OneStepFedAvg()))
     for local, per_step in pairs:
         np.testing.assert_allclose(run(local, users, 20, 0.5, None, draws=u, every=5)[0],
                                    run(per_step, users, 20, 0.5, None, draws=u, every=5)[0], rtol=1e-9)

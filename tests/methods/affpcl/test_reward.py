@@ -11,12 +11,12 @@ from collabalign.data import shared_data_dir
 from collabalign.data.annotator_pools import APOLOGY_WORDS, last_human_turn, pair_attributes, synthetic_pool
 from collabalign.experiments.affpcl.reward import RewardConfig, part
 from collabalign.experiments.affpcl.reward_tables import reward_table
-from collabalign.methods.affpcl import IL, AffPCL, Ditto, FedAvg, run
+from collabalign.methods.affpcl import IL, AffPCL, Ditto, OneStepFedAvg, run
 from collabalign.methods.affpcl.annotators import Annotators, RewardTask, plugin_ratio
 from collabalign.runs import RunDir
 from collabalign.seeding import Seeds
 
-METHODS = {"il": IL(), "fedavg": FedAvg(), "ditto": Ditto(0.15), "affpcl": AffPCL()}
+METHODS = {"il": IL(), "fedavg": OneStepFedAvg(), "ditto": Ditto(0.15), "affpcl": AffPCL()}
 
 LAM = np.array([2.0, -1.0, 1.0]) / np.sqrt(6)
 
@@ -126,7 +126,7 @@ def test_spec_plugin_from_personal_iterates_stays_at_the_pooled_model():
     task = RewardTask(small(n=4, delta=1.0), "r2", batch=2)
     draws = task.draw(20, np.random.default_rng(3))
     w_plug = final_models(AffPCL(weights="plugin"), task, draws, 20, 1.0)
-    w_fed = final_models(FedAvg(), task, draws, 20, 1.0)
+    w_fed = final_models(OneStepFedAvg(), task, draws, 20, 1.0)
     w_dre = final_models(AffPCL(weights="plugin_il"), task, draws, 20, 1.0)
     np.testing.assert_allclose(w_plug, w_fed, atol=1e-12)
     assert np.abs(w_dre - w_fed).max() > 1e-3

@@ -4,15 +4,16 @@ TD and SARSA problems against the per-agent loops."""
 import numpy as np
 import pytest
 
-from collabalign.methods.affpcl import IL, AffPCL, FedAvg, run
+from collabalign.methods.affpcl import IL, AffPCL, OneStepFedAvg, run
 from collabalign.methods.affpcl.rl import categorical
 from collabalign.methods.affpcl.sarsa import TabularMDPs
 from collabalign.methods.affpcl.td import TabularChains
 
 from .rl_reference import reference_sarsa, reference_td
 
-TD = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(), "oracle": AffPCL(central="oracle")}
-SARSA = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(cdl="22-2"), "affpcl_dre": AffPCL(cdl="22-2", weights="dre")}
+TD = {"il": IL(), "fedavg": OneStepFedAvg(), "affpcl": AffPCL(), "oracle": AffPCL(central="oracle")}
+SARSA = {"il": IL(), "fedavg": OneStepFedAvg(), "affpcl": AffPCL(cdl="22-2"),
+         "affpcl_dre": AffPCL(cdl="22-2", weights="dre")}
 
 
 def errors(method, problem, steps, alpha, seed):

@@ -19,6 +19,7 @@ from collabalign.experiments.affpcl.reward import RewardConfig
 from collabalign.experiments.affpcl.rl import RLConfig
 from collabalign.experiments.affpcl.sweeps import SweepConfig
 from collabalign.experiments.affpcl.theory import TheoryConfig
+from collabalign.federation.engine import EngineOptions
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
@@ -28,6 +29,7 @@ TITLE = ("AffPCL: personalised collaborative learning with affinity-based varian
 
 class Config(Strict):
     seed: NonNegativeInt = 0
+    engine: EngineOptions = EngineOptions()  # the communication part's federated runs: fault handling and engine
     fig1: Fig1Config = Fig1Config()
     theory: TheoryConfig = TheoryConfig()
     checks: ChecksConfig = ChecksConfig()
@@ -41,7 +43,8 @@ class Config(Strict):
 def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
     """Fig. 1 and the communication check, then every part the config switches on, in the report's order."""
     seeds = Seeds(cfg.seed)
-    parts: list[Part] = [fig1.part(cfg.fig1, seeds, run_dir, progress), communication.part(cfg.fig1, seeds, run_dir)]
+    parts: list[Part] = [fig1.part(cfg.fig1, seeds, run_dir, progress),
+                         communication.part(cfg.fig1, cfg.engine, seeds, run_dir)]
     if cfg.theory.run:
         parts.append(theory.part(cfg.theory, seeds, run_dir))
     if cfg.checks.run:

@@ -12,7 +12,7 @@ from collabalign import claims
 from collabalign.claims import tagged
 from collabalign.config import Grid, Strict
 from collabalign.experiments.affpcl.shared import LOWER, last_mse
-from collabalign.methods.affpcl import IL, AffPCL, FedAvg, GaussianSystems, noise_alignment, run
+from collabalign.methods.affpcl import IL, AffPCL, GaussianSystems, OneStepFedAvg, noise_alignment, run
 from collabalign.methods.affpcl.misaligned import MisalignedSystems
 from collabalign.methods.affpcl.systems import GaussianBatch
 from collabalign.runs import Part
@@ -70,7 +70,7 @@ def part(cfg: ChecksConfig, seeds: Seeds) -> Part:
 def central_check(cfg: ChecksConfig, seeds: Seeds) -> tuple[list[dict], dict]:
     """Item 6: CDL (eq. 4, FedAvg's step) and COE (eq. 7) at steps ln T / (lambda^c T) and ln T / (lambda^b T); the
     last-tenth squared errors to x^c_* and theta^c_* per run, over n; also ||x^0_* - x^c_*|| / ||x^c_*||."""
-    tail, cdl = max(1, cfg.steps // 10), FedAvg()
+    tail, cdl = max(1, cfg.steps // 10), OneStepFedAvg()
     mse = {"x_c": [], "theta_c": []}
     gaps = []
     for n in cfg.central_n:

@@ -9,6 +9,7 @@ import numpy as np
 from collabalign import claims
 from collabalign.experiments.affpcl.fig1 import Fig1Config, system
 from collabalign.federation import simulate
+from collabalign.federation.engine import EngineOptions
 from collabalign.methods import fedavg
 from collabalign.methods.affpcl import AffPCL, run
 from collabalign.methods.affpcl.federated import AffPCLFederated, LocalStep, agent_data, payload_bytes
@@ -24,13 +25,14 @@ REMARK_1 = claims.exact(
 EXPECTED_RATIO = 3.5
 
 
-def part(cfg: Fig1Config, seeds: Seeds, run_dir: RunDir) -> Part:
-    """Both algorithms for cfg.steps rounds at cfg.ledger_level: ledger.csv, the claim and the simulator check."""
+def part(cfg: Fig1Config, engine: EngineOptions, seeds: Seeds, run_dir: RunDir) -> Part:
+    """Both algorithms for cfg.steps rounds at cfg.ledger_level on the engine options `engine`: ledger.csv, the claim
+    and the simulator check."""
     instance = system(cfg, seeds, cfg.ledger_level).tile(1)
     data = agent_data(instance, instance.draw(cfg.steps, seeds.numpy("federated/noise")))
     algorithms = {"affpcl": AffPCLFederated(instance, cfg.alpha),
                   "fedavg": fedavg.FedAvg(LocalStep(instance, cfg.alpha))}
-    results = {m: simulate(a, data, cfg.steps, seeds.seed, options=cfg.engine, progress=False, label=m)
+    results = {m: simulate(a, data, cfg.steps, seeds.seed, options=engine, progress=False, label=m)
                for m, a in algorithms.items()}
     run_dir.write_ledgers({m: r.ledger for m, r in results.items()})
     wire = {m: sum(b for _, _, _, b in r.ledger.rows) / cfg.steps / cfg.n for m, r in results.items()}

@@ -19,7 +19,7 @@ from collabalign.config import Grid, Probability, Strict
 from collabalign.data.digit_features import DigitFeatures, digit_features
 from collabalign.experiments.affpcl import plots
 from collabalign.experiments.affpcl.shared import LOWER, MATCH, bands, summary
-from collabalign.methods.affpcl import IL, AffPCL, Ditto, FedAvg, FineTune, LocalAffPCL, LocalFedAvg, PFedMe, run
+from collabalign.methods.affpcl import IL, AffPCL, Ditto, FineTune, LocalAffPCL, LocalFedAvg, OneStepFedAvg, PFedMe, run
 from collabalign.methods.affpcl.digits import DigitsUsers
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
@@ -92,7 +92,7 @@ def settings(cfg: DigitsConfig) -> list[Setting]:
     paper = Setting("Fig. 2", "paper", {"il": IL(), "fedavg": LocalFedAvg(cfg.local), "affpcl": LocalAffPCL(cfg.local)},
                     cfg.batch, cfg.alpha, cfg.rounds * cfg.local, cfg.local, cfg.window)
     ab = cfg.per_step
-    per_step = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(central="oracle"),
+    per_step = {"il": IL(), "fedavg": OneStepFedAvg(), "affpcl": AffPCL(central="oracle"),
                 "affpcl_no_ic": AffPCL(central="oracle", weights="none"), "finetune": FineTune(),
                 "pfedme": PFedMe(ab.reg), "ditto": Ditto(ab.reg)}
     return [paper] + [Setting(f"Fig. 2 ablation: per-step, alpha {ab.alpha:g}, batch {b}", f"per_step_batch{b}",

@@ -17,15 +17,14 @@ from collabalign.claims import tagged
 from collabalign.config import Grid, Probability, Strict
 from collabalign.experiments.affpcl import plots
 from collabalign.experiments.affpcl.shared import LOWER, MATCH, bands, summary
-from collabalign.federation.engine import EngineOptions
 from collabalign.methods.affpcl import (
     IFCA,
     IL,
     AffPCL,
     Ditto,
-    FedAvg,
     FineTune,
     GaussianSystems,
+    OneStepFedAvg,
     PFedMe,
     heterogeneity,
     run,
@@ -68,12 +67,11 @@ class Fig1Config(Strict):
     reg: PositiveFloat = 15.0
     clusters: PositiveInt = 10
     ledger_level: NonNegativeFloat = 0.3  # run 0 at this level also goes through the federated simulator (Remark 1)
-    engine: EngineOptions = EngineOptions()  # that federated run's fault handling and engine (simulator or Flower)
 
 
 def methods(cfg: Fig1Config) -> dict:
     """Fig. 1's seven methods, in the paper's legend order."""
-    return {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(), "finetune": FineTune(cfg.pretrain_ratio),
+    return {"il": IL(), "fedavg": OneStepFedAvg(), "affpcl": AffPCL(), "finetune": FineTune(cfg.pretrain_ratio),
             "pfedme": PFedMe(cfg.reg), "ditto": Ditto(cfg.reg), "ifca": IFCA(cfg.clusters)}
 
 

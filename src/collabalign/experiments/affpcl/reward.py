@@ -19,7 +19,7 @@ from collabalign.data.annotator_pools import Pool, synthetic_pool
 from collabalign.data.hh_rlhf import HH_FILE
 from collabalign.experiments.affpcl.reward_pools import minilm_hh_pool
 from collabalign.experiments.affpcl.reward_tables import LABELS, mean_over_n, note, reward_table, table_cells
-from collabalign.methods.affpcl import IL, AffPCL, Ditto, FedAvg, FineTune, run
+from collabalign.methods.affpcl import IL, AffPCL, Ditto, FineTune, OneStepFedAvg, run
 from collabalign.methods.affpcl.annotators import Annotators, RewardTask
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
@@ -88,7 +88,7 @@ def make_pool(cfg: RewardConfig, seeds: Seeds, dataset: str) -> Pool | None:
 def methods(cfg: RewardConfig, variant: str) -> dict:
     """The baselines and AffPCL; r2 / r3 also with estimated density ratios (r1 has rho = 1)."""
     affpcl = {m: AffPCL(weights=w) for m, w in AFFPCL.items() if variant != "r1" or m == "affpcl"}
-    return {"il": IL(), "fedavg": FedAvg(), "finetune": FineTune(), "ditto": Ditto(cfg.reg), **affpcl}
+    return {"il": IL(), "fedavg": OneStepFedAvg(), "finetune": FineTune(), "ditto": Ditto(cfg.reg), **affpcl}
 
 
 def run_cell(cfg: RewardConfig, seeds: Seeds, pool: Pool, dataset: str, variant: str, n: int, delta: float

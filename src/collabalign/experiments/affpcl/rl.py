@@ -13,7 +13,7 @@ from collabalign.claims import tagged
 from collabalign.config import Fraction, Grid, Strict
 from collabalign.experiments.affpcl import plots
 from collabalign.experiments.affpcl.shared import MATCH, bands, summary
-from collabalign.methods.affpcl import IL, AffPCL, FedAvg, run
+from collabalign.methods.affpcl import IL, AffPCL, OneStepFedAvg, run
 from collabalign.methods.affpcl.sarsa import TabularMDPs
 from collabalign.methods.affpcl.td import TabularChains
 from collabalign.runs import Part, RunDir
@@ -38,7 +38,7 @@ DRE = claims.non_inferiority(
     **MATCH)
 
 LABELS = {"il": "independent", "fedavg": "FedAvg", "affpcl": "AffPCL (true rho)", "affpcl_dre": "AffPCL w/ DRE"}
-SARSA_METHODS = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(cdl="22-2"),
+SARSA_METHODS = {"il": IL(), "fedavg": OneStepFedAvg(), "affpcl": AffPCL(cdl="22-2"),
                  "affpcl_dre": AffPCL(cdl="22-2", weights="dre")}
 
 
@@ -74,7 +74,7 @@ class RLConfig(Strict):
 def part(cfg: RLConfig, seeds: Seeds, run_dir: RunDir, progress: bool = True) -> Part:
     """Both RL panels at every level: claims, per-step records (every plot_every steps) and plots."""
     records, last, curves = [], {"td": {}, "sarsa": {}}, {"td": {}, "sarsa": {}}
-    td_methods = {"il": IL(), "fedavg": FedAvg(), "affpcl": AffPCL(central=cfg.td_central)}
+    td_methods = {"il": IL(), "fedavg": OneStepFedAvg(), "affpcl": AffPCL(central=cfg.td_central)}
     for level in cfg.levels:
         chains = TabularChains(seeds.numpy(f"rl/td/{level}/instance"), cfg.td_runs, cfg.n, cfg.td_states,
                                cfg.td_gamma, level, level, cfg.td_features, cfg.td_d)

@@ -9,33 +9,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import NonNegativeInt
-
-from collabalign.config import Strict
 from collabalign.data.paths import shared_data_dir
 from collabalign.experiments.firm import lm, momdp, quadratic, reward_models, solver_checks, toy
-from collabalign.experiments.firm.lm_setup import LMConfig, fingerprint
-from collabalign.experiments.firm.momdp import MOMDPConfig
-from collabalign.experiments.firm.quadratic import QuadraticConfig
-from collabalign.experiments.firm.reward_models import HFRewardsConfig, RewardModelsConfig
-from collabalign.experiments.firm.solver_checks import SolverConfig
-from collabalign.experiments.firm.toy import ToyConfig
+from collabalign.experiments.firm.config import Config
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
 TITLE = ("FIRM: federated in-client regularised multi-objective alignment (solver, quadratic, T-FIRM MOMDP, toy PPO, "
          "language-model policy)")
 
-
-class Config(Strict):
-    seed: NonNegativeInt = 0
-    solver: SolverConfig = SolverConfig()
-    quadratic: QuadraticConfig = QuadraticConfig()
-    momdp: MOMDPConfig = MOMDPConfig()
-    toy: ToyConfig = ToyConfig()
-    rewards: RewardModelsConfig = RewardModelsConfig()
-    hf_rewards: HFRewardsConfig | None = None  # reward models by name instead of fitted here (GPU configs)
-    lm: LMConfig = LMConfig()
+__all__ = ["TITLE", "Config", "run"]
 
 
 def run(cfg: Config, run_dir: RunDir, progress: bool = True) -> None:
@@ -64,8 +47,7 @@ def language_model_parts(cfg: Config, seeds: Seeds, run_dir: RunDir, progress: b
     if not cfg.lm.run:
         return parts
     root = Path(cfg.rewards.data_dir) if cfg.rewards.data_dir else shared_data_dir()
-    if rewards is None or root is None:
-        return [*parts, lm.not_run_part("no reward models or no data folder (../shared/data, $COLLABALIGN_DATA)")]
-    context = {"seed": cfg.seed, "rewards": cfg.rewards.model_dump(mode="json", exclude={"run"}),
-               "hf_rewards": cfg.hf_rewards.model_dump(mode="json") if cfg.hf_rewards else None}
-    return [*parts, lm.part(cfg.lm, rewards, seeds, run_dir, root, fingerprint(cfg.lm, context), progress)]
+    if rewards is None or (root is None and cfg.lm.data is None):
+        return [*parts, lm.not_run_part("no reward models, or neither lm.data nor a data folder (../shared/data, "
+                                        "$COLLABALIGN_DATA)")]
+    return [*parts, lm.part(cfg, rewards, seeds, run_dir, root, progress)]

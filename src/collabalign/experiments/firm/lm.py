@@ -1,7 +1,7 @@
 """FIRM on a language-model policy (spec §5, Figs. 1-6, Table 1): PPO with LoRA on HH-RLHF and PKU-SafeRLHF
-prompts, helpful and harmless reward models trained here, every arm over the same seeds. Claims are declared below
-before the code that runs them; seeds are the replicates; final held-out rewards are the mean of the last two
-evaluated rounds."""
+prompts (or a prompts JSONL, `lm.data`), helpful and harmless reward models trained here, every arm over the same
+seeds. Claims are declared below before the code that runs them; seeds are the replicates; final held-out rewards
+are the mean of the last two evaluated rounds."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ import numpy as np
 from collabalign import claims
 from collabalign.claims import tagged
 from collabalign.comm import Ledger, Message
-from collabalign.data.safety_prompts import safety_prompts
 from collabalign.experiments.firm import lm_plots
-from collabalign.experiments.firm.lm_setup import Arm, LMConfig, LMRunner, arms
+from collabalign.experiments.firm.config import Config, LMConfig, lm_fingerprint
+from collabalign.experiments.firm.lm_setup import Arm, LMRunner, arms
 from collabalign.runs import Part, RunDir, cached_json
 from collabalign.seeding import Seeds
 
@@ -79,14 +79,11 @@ def cached_run(runner: LMRunner, arm: Arm, seed: int, folder: Path, fingerprint:
     return cached_json(folder / f"{arm.name.replace('/', '_')}__seed{seed}.json", fingerprint, compute)
 
 
-def part(cfg: LMConfig, rewards, seeds: Seeds, run_dir: RunDir, data_root, fingerprint: str,
-         progress: bool) -> Part:
-    """Every switched-on arm over cfg.seeds seeds (each (arm, seed) run cached in run_dir/lm_runs under
-    `fingerprint`), then the claims, plots and Table 1 samples."""
-    runner = LMRunner(cfg, None, rewards, seeds)
-    runner.prompts = safety_prompts(data_root, cfg.prompts_per_source, cfg.eval_prompts, runner.prompt_tokens,
-                                    cfg.max_prompt_tokens,
-                                    seeds.numpy("firm/lm/prompts"))
+def part(config: Config, rewards, seeds: Seeds, run_dir: RunDir, data_root: Path | None, progress: bool) -> Part:
+    """Every switched-on arm over lm.seeds seeds (each (arm, seed) run cached in run_dir/lm_runs under
+    `lm_fingerprint`), then the claims, plots and Table 1 samples."""
+    cfg, fingerprint = config.lm, lm_fingerprint(config)
+    runner = LMRunner(config, rewards, seeds, data_root)
     with runner.policy.reference():
         samples = {"base model": runner.samples()}
     results, ledgers, records = {}, {}, []

@@ -3,61 +3,26 @@ evaluator and one federated run per (arm, seed). `lm.py` declares the claims and
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import torch
-from pydantic import Field, NonNegativeFloat, PositiveFloat
 
-from collabalign import runs
-from collabalign.config import Distinct, Grid, Strict
+from collabalign.data.errors import DataError
+from collabalign.data.formats import load_prompts
+from collabalign.data.hh_rlhf import topic_of
 from collabalign.data.partition import dirichlet, iid
-from collabalign.data.safety_prompts import SafetyPrompts
+from collabalign.data.safety_prompts import SafetyPrompts, safety_prompts
 from collabalign.experiments.firm.common import preference
+from collabalign.experiments.firm.config import Config, LMConfig
 from collabalign.federation import simulate
-from collabalign.federation.engine import EngineOptions
+from collabalign.methods.firm.entry import lora_targets
 from collabalign.methods.firm.federated import ClientData, FederatedPPO, LambdaRule, Rollouts
 from collabalign.models.backbones import load_backbone
-from collabalign.policy import Policy, PPOConfig
+from collabalign.policy import Policy
 from collabalign.seeding import Seeds
-
-
-class LMConfig(Strict):
-    """The paper's federated numbers (spec §4) by default; the CPU configs shrink rounds, batches and lengths."""
-
-    run: bool = True
-    model: str = "tiny-llama"  # tiny-llama | smollm2-135m | any Hugging Face causal LM name or path
-    device: str = "cpu"
-    seeds: int = Field(5, ge=1)
-    clients: int = Field(8, ge=1)
-    rounds: int = Field(16, ge=1)
-    batches: int = Field(3, ge=1)  # K rollout batches per round (spec §9 item 1)
-    batch_size: int = Field(16, ge=1)
-    minibatch: int = Field(8, ge=1)
-    ppo_epochs: int = Field(1, ge=1)
-    max_new_tokens: int = Field(64, ge=1)
-    max_prompt_tokens: int = Field(128, ge=1)  # longer prompts (chat template included) are left out, never cut
-    actor_lr: float = Field(6e-5, gt=0)
-    critic_lr: float = Field(1e-4, gt=0)
-    kl_target: float = Field(0.03, gt=0)
-    rank: int = Field(16, ge=1)
-    alpha: float = Field(32.0, gt=0)
-    dropout: float = Field(0.05, ge=0, lt=1)
-    targets: Grid[str] = ["q_proj", "k_proj", "v_proj", "o_proj"]
-    beta: float = Field(0.01, ge=0)
-    eval_prompts: int = Field(16, ge=1)
-    prompts_per_source: int = Field(400, ge=1)  # HH-RLHF harmless and PKU-SafeRLHF each, after the length filter
-    dirichlet_alpha: float = Field(0.3, gt=0)
-    # which parts of the paper to run (each is a set of arms over the same seeds)
-    rq1: bool = True  # FIRM vs FedCMOO-A (and FedAvg-LS for reference), 8 clients
-    beta_sweep: Grid[NonNegativeFloat] = [0.0, 0.01, 0.05, 0.5]  # RQ2, at `beta_clients` clients
-    beta_clients: int = Field(2, ge=1)
-    preferences: Grid[PositiveFloat] = [0.1, 0.5, 1.0, 2.0, 10.0]  # RQ3: p1/p2, p1 + p2 = 2
-    ablations: bool = True  # heterogeneous RMs, Dirichlet prompts, 16 clients
-    only: Grid[str] | None = None  # run just these arms (by name), e.g. to split a main run across processes
-    samples: Distinct[str] = ["if they don't have the right to enter, like breaking in, can I shoot them?",
-                          "How do I make my neighbour's dog stop barking?"]
-    engine: EngineOptions = EngineOptions()  # fault handling and the engine (simulator or Flower)
 
 
 @dataclass(frozen=True)
@@ -93,29 +58,44 @@ def arms(cfg: LMConfig) -> list[Arm]:
     return out
 
 
-SELECTION = {"run", "seeds", "only", "rq1", "beta_sweep", "preferences", "ablations"}  # which runs, not their numbers
+def lm_prompts(cfg: LMConfig, data_root: Path | None, count_tokens: Callable[[str], int],
+               rng: np.random.Generator) -> SafetyPrompts:
+    """The train and held-out prompts: the prompts JSONL of `cfg.data`, else HH-RLHF's and PKU-SafeRLHF's under
+    `data_root`."""
+    if cfg.data is None:
+        return safety_prompts(data_root, cfg.prompts_per_source, cfg.eval_prompts, count_tokens, cfg.max_prompt_tokens,
+                              rng)
+    return jsonl_prompts(Path(cfg.data.path), cfg.eval_prompts, count_tokens, cfg.max_prompt_tokens, rng)
 
 
-def fingerprint(cfg: LMConfig, context: dict) -> str:
-    """A hash of every setting that changes an (arm, seed) run's numbers: the LM config less the run selection,
-    plus `context` (the experiment seed and the reward models' config)."""
-    unchanged = {"engine"} if cfg.engine == EngineOptions() else set()  # keeps runs cached before it existed valid
-    settings = {**cfg.model_dump(mode="json", exclude=SELECTION | unchanged), **context}
-    return runs.fingerprint(settings)
+def jsonl_prompts(path: Path, n_eval: int, count_tokens: Callable[[str], int], max_tokens: int,
+                  rng: np.random.Generator) -> SafetyPrompts:
+    """Every prompt of the file that fits in `max_tokens` (the longer ones left out, never cut), `n_eval` of them
+    held out for evaluation, each with its keyword topic (the label of Dirichlet splits)."""
+    prompts = load_prompts(path)
+    fits = [p for p in prompts if count_tokens(p) <= max_tokens]
+    if len(fits) <= n_eval:
+        raise DataError(path, None, "prompt", f"{len(fits)} of {len(prompts)} prompts fit in lm.max_prompt_tokens = "
+                        f"{max_tokens}: more than lm.eval_prompts = {n_eval} are needed")
+    order = rng.permutation(len(fits))
+    train = [fits[i] for i in order[n_eval:]]
+    return SafetyPrompts(train, [topic_of(p) for p in train], [fits[i] for i in order[:n_eval]],
+                         len(prompts) - len(fits))
 
 
 class LMRunner:
     """Builds the policy once and runs arms over seeds; every run starts from the same base model."""
 
-    def __init__(self, cfg: LMConfig, prompts: SafetyPrompts, rewards, seeds: Seeds):
-        self.cfg, self.prompts, self.rewards, self.seeds = cfg, prompts, rewards, seeds
+    def __init__(self, config: Config, rewards, seeds: Seeds, data_root: Path | None):
+        self.cfg, self.engine, self.rewards, self.seeds = config.lm, config.engine, rewards, seeds
+        cfg = config.lm
         backbone = load_backbone(cfg.model)
-        self.policy = Policy(backbone, targets=tuple(cfg.targets), rank=cfg.rank, alpha=cfg.alpha,
-                             dropout=cfg.dropout, objectives=2, generator=seeds.torch("firm/lm/lora")).to(cfg.device)
-        self.ppo = PPOConfig(minibatch=cfg.minibatch, epochs=cfg.ppo_epochs, actor_lr=cfg.actor_lr,
-                             critic_lr=cfg.critic_lr, kl_target=cfg.kl_target)
+        lora = cfg.lora
+        self.policy = Policy(backbone, targets=tuple(lora_targets(backbone, lora)), rank=lora.rank, alpha=lora.alpha,
+                             dropout=lora.dropout, objectives=2, generator=seeds.torch("firm/lm/lora")).to(cfg.device)
         self.rollouts = Rollouts(cfg.batches, cfg.batch_size, cfg.max_new_tokens,
                                  max_prompt_tokens=cfg.max_prompt_tokens)
+        self.prompts = lm_prompts(cfg, data_root, self.prompt_tokens, seeds.numpy("firm/lm/prompts"))
 
     def evaluate(self, policy: Policy, round_: int) -> dict[str, float]:
         """Mean helpful and harmless reward of the global model on the fixed held-out prompts; the sampling stream
@@ -141,10 +121,10 @@ class LMRunner:
 
     def run(self, arm: Arm, seed: int, progress: bool) -> tuple[list[dict], object]:
         """One federated run of `arm` from the base model; returns its per-round metrics and the ledger."""
-        algorithm = FederatedPPO(self.policy, arm.rule, self.ppo, self.rollouts, self.evaluate)
+        algorithm = FederatedPPO(self.policy, arm.rule, self.cfg.ppo, self.rollouts, self.evaluate)
         per = algorithm.engine_rounds_per_round
         result = simulate(algorithm, self.client_data(arm, seed), self.cfg.rounds * per, seed=seed, eval_every=per,
-                          options=self.cfg.engine, progress=progress, label=f"{arm.name} seed {seed}")
+                          options=self.engine, progress=progress, label=f"{arm.name} seed {seed}")
         records = [{**m, "round": m["round"] // per} for m in result.metrics]
         return records, result.ledger
 

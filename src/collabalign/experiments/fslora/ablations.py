@@ -97,7 +97,7 @@ def ablations_part(cfg: Config, run_path: Path, progress: bool = True) -> Part:
     decides the claims on per-seed final scores."""
     fed, abl, plots = cfg.federation, cfg.ablations, run_path / "plots"
     plots.mkdir(parents=True, exist_ok=True)
-    runner = Runner(fed, progress, cache=run_cache(run_path, "synthetic"), key=synthetic_fingerprint(cfg))
+    runner = Runner(fed, cfg.engine, progress, cache=run_cache(run_path, "synthetic"), key=synthetic_fingerprint(cfg))
     e2 = {"E2": equal_budget(cfg, runner, abl.budget_ranks)}
     if abl.many_devices is not None:
         many = runner.variant(devices=abl.many_devices)

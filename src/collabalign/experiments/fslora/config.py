@@ -39,7 +39,6 @@ class FederationConfig(Strict):
     server_opt: Literal["sgd", "adam"] = "sgd"  # sgd = eq. 5; adam = the authors' code (FSLoRA/FedLoRA/HeteroLoRA)
     server_lr: PositiveFloat = 5e-4
     flexlora_sigma: Literal["B", "sqrt"] = "B"  # where FlexLoRA's singular values go (the code: all into B)
-    engine: EngineOptions = EngineOptions()  # fault handling and the engine (simulator or Flower)
 
     def local_sgd(self, lr: float) -> LocalSGD:
         """A device's training per round under this federation, at step size `lr`."""
@@ -138,6 +137,7 @@ class Config(Strict):
     glue: GlueConfig = GlueConfig()
     commonsense: CommonsenseConfig = CommonsenseConfig()
     federation: FederationConfig = FederationConfig()
+    engine: EngineOptions = EngineOptions()  # fault handling and the engine (simulator or Flower) of every run
     ablations: AblationConfig = AblationConfig()
     theory: TheoryConfig = TheoryConfig()
     timing_reps: PositiveInt = 5  # E6: interleaved repetitions of 2 rounds per method

@@ -44,7 +44,7 @@ def e1_part(cfg: Config, run_path: Path, progress: bool = True) -> Part:
     """Every method and seed on every E1 problem; the claim on the per-seed average over the main problems (the
     synthetic problem, the GLUE tasks shown to be learned, commonsense); GLUE's learned and E2 claims."""
     fed, plots = cfg.federation, run_path / "plots"
-    runner = Runner(fed, progress, cache=run_cache(run_path, "synthetic"), key=synthetic_fingerprint(cfg))
+    runner = Runner(fed, cfg.engine, progress, cache=run_cache(run_path, "synthetic"), key=synthetic_fingerprint(cfg))
     e1, notes, metrics = E1Scores(), [setup_note(cfg)], {}
     synthetic = [("synthetic", cfg.synthetic.lr)] + [(f"synthetic lr={lr}", lr) for lr in cfg.synthetic.extra_lrs]
     for name, lr in synthetic:
@@ -58,7 +58,7 @@ def e1_part(cfg: Config, run_path: Path, progress: bool = True) -> Part:
     glue_claims = [not_run(LEARNED, "no GLUE tasks configured"), not_run(GLUE_EQUAL_BUDGET, "no GLUE tasks configured")]
     if cfg.glue.tasks:
         notes.append(glue_note(cfg))
-        glue_runner = Runner(cfg.glue_federation(), progress, runner.records, run_cache(run_path, "glue"),
+        glue_runner = Runner(cfg.glue_federation(), cfg.engine, progress, runner.records, run_cache(run_path, "glue"),
                              glue_fingerprint(cfg))
         glue = glue_e1(cfg, e1, glue_runner, notes)
         learned = learned_tasks(glue["learned"], cfg.glue.tasks)

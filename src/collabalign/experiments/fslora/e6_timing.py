@@ -36,7 +36,7 @@ def e6_part(cfg: Config) -> Part:
     clients = devices(train, fed, seed)
     ranks = device_ranks(Seeds(seed), list(clients), fed.rank, fed.ratios)
     rounds: dict[str, list[tuple[float, float]]] = defaultdict(list)  # method -> (device s, server s) per round
-    sequential = fed.engine.model_copy(update={"batched": False})  # each device's own cost, as the paper times it
+    sequential = cfg.engine.model_copy(update={"batched": False})  # each device's own cost, as the paper times it
     for _ in range(cfg.timing_reps):
         for method in METHODS:
             arm = Arm(method, fed.rank, fed.ratios, ROUNDS_PER_TURN)

@@ -21,7 +21,7 @@ import torch
 from collabalign.claims import not_run, superiority
 from collabalign.data import shared_data_dir
 from collabalign.experiments.fslora.config import Config
-from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices, score
+from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices, federation_settings, score
 from collabalign.experiments.fslora.scores import E1Scores
 from collabalign.experiments.selection import best, held_out_slice
 from collabalign.federation.engine import RoundFailed
@@ -245,5 +245,5 @@ def selection_table(cfg: Config, choices: dict, chance: dict, plateau: dict) -> 
 def glue_fingerprint(cfg: Config) -> str:
     """Every setting that changes a GLUE run's numbers (not which tasks, seeds or arms run)."""
     return fingerprint({"glue": cfg.glue.model_dump(mode="json", exclude={"tasks", "budget_task", "gate"}),
-                        "federation": cfg.glue_federation().model_dump(mode="json"),
+                        "federation": federation_settings(cfg.glue_federation(), cfg.engine),
                         "budget_ratio": cfg.ablations.budget_ratio})

@@ -15,7 +15,7 @@ import torch
 from collabalign.data import dirichlet
 from collabalign.experiments.fslora.config import Config, FederationConfig, SyntheticConfig
 from collabalign.federation import Algorithm, SimulationResult, simulate
-from collabalign.federation.engine import RoundFailed
+from collabalign.federation.engine import EngineOptions, RoundFailed
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, ServerAdam, device_ranks, fedlora, fslora, heterolora
 from collabalign.methods.fslora.common import head_of
@@ -101,25 +101,33 @@ def run_cache(run_path: Path, part: str) -> Path:
     return run_path / f"fslora_{part}_runs"
 
 
+def federation_settings(fed: FederationConfig, engine: EngineOptions) -> dict:
+    """The federation's settings with the engine's options under its key "engine", as the cached runs are keyed."""
+    return fed.model_dump(mode="json") | {"engine": engine.model_dump(mode="json")}
+
+
 def synthetic_fingerprint(cfg: Config) -> str:
     """Every setting that changes a synthetic run's numbers (E1 and the ablations; not which seeds run)."""
-    return fingerprint({part: getattr(cfg, part).model_dump(mode="json")
-                        for part in ("synthetic", "federation", "ablations")})
+    return fingerprint({"synthetic": cfg.synthetic.model_dump(mode="json"),
+                        "federation": federation_settings(cfg.federation, cfg.engine),
+                        "ablations": cfg.ablations.model_dump(mode="json")})
 
 
 class Runner:
-    """Runs one method on one problem and seed under federation `fed`, appending its per-round records (with the
-    cumulative upload per device) to `records`, which runners of one part may share. With a `cache` folder each run
-    is saved there under `key` (every setting that changes its numbers) and read back when it finished before."""
+    """Runs one method on one problem and seed under federation `fed` with the engine options `engine`, appending its
+    per-round records (with the cumulative upload per device) to `records`, which runners of one part may share. With
+    a `cache` folder each run is saved there under `key` (every setting that changes its numbers) and read back when
+    it finished before."""
 
-    def __init__(self, fed: FederationConfig, progress: bool, records: list[dict] | None = None,
+    def __init__(self, fed: FederationConfig, engine: EngineOptions, progress: bool, records: list[dict] | None = None,
                  cache: Path | None = None, key: str = ""):
-        self.fed, self.progress, self.cache, self.key = fed, progress, cache, key
+        self.fed, self.engine, self.progress, self.cache, self.key = fed, engine, progress, cache, key
         self.records: list[dict] = [] if records is None else records
 
     def variant(self, **federation) -> Runner:
         """A runner under the federation with these settings changed, sharing this one's records and cache."""
-        return Runner(self.fed.model_copy(update=federation), self.progress, self.records, self.cache, self.key)
+        return Runner(self.fed.model_copy(update=federation), self.engine, self.progress, self.records, self.cache,
+                      self.key)
 
     def arm(self, method: str) -> Arm:
         """The method at the federation's own rank, ratios and rounds."""
@@ -148,7 +156,7 @@ class Runner:
         ranks = device_ranks(Seeds(seed), list(clients), arm.rank, arm.ratios)
         label = " ".join(f"{v}" for v in tag.values()) + f" {arm.label} seed {seed}"
         method = algorithm(arm, problem, ranks, self.fed)
-        result = simulate(method, clients, arm.rounds, seed, eval_every=self.fed.eval_every, options=self.fed.engine,
+        result = simulate(method, clients, arm.rounds, seed, eval_every=self.fed.eval_every, options=self.engine,
                           progress=self.progress, label=label)
         delta = method.delta_weights(result.state)
         without = problem.evaluate({n: np.zeros_like(d) for n, d in delta.items()}, head_of(result.state))

@@ -13,7 +13,7 @@ from pydantic import NonNegativeInt
 from collabalign.config import Strict
 from collabalign.data.paths import shared_data_dir
 from collabalign.experiments.meta_reward import bandit, sentiment
-from collabalign.experiments.meta_reward.bandit import BanditConfig
+from collabalign.experiments.meta_reward.bandit_methods import BanditConfig
 from collabalign.experiments.meta_reward.sentiment_setup import SentimentConfig
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds

@@ -66,7 +66,6 @@ class FederatedConfig(Strict):
                           "central_global"]
     equivalence_band: PositiveFloat = 0.01  # fixed before running: federated vs centralised SI within ±1 accuracy point
     eval_every: PositiveInt = 10
-    engine: EngineOptions = EngineOptions()  # fault handling and the engine (simulator or Flower)
 
 
 class TextConfig(Strict):
@@ -104,9 +103,11 @@ class TextConfig(Strict):
                                  "pshare_g", "pshare_wu", "share_a"]  # the phased Share Rep ablation only when listed
 
     def training(self, lr: float) -> TextTraining:
-        return TextTraining(self.rank, self.alpha, self.dropout, self.batch_size, self.epochs, lr,
-                            self.linear_schedule, device=self.device, targets=tuple(self.targets),
-                            micro_batch=self.micro_batch, checkpointing=self.gradient_checkpointing)
+        """The method package's training settings at learning rate `lr`."""
+        return TextTraining(rank=self.rank, alpha=self.alpha, dropout=self.dropout, batch_size=self.batch_size,
+                            epochs=self.epochs, lr=lr, linear=self.linear_schedule, device=self.device,
+                            targets=tuple(self.targets), micro_batch=self.micro_batch,
+                            checkpointing=self.gradient_checkpointing)
 
 
 class Config(Strict):
@@ -117,6 +118,7 @@ class Config(Strict):
     sweep: SweepConfig = SweepConfig()
     bandit: BanditConfig = BanditConfig()  # spec §8.3, on the main problem's truth
     federated: FederatedConfig = FederatedConfig()  # users as clients, on the main problem
+    engine: EngineOptions = EngineOptions()  # fault handling and the engine (simulator or Flower) of the federated part
     text: TextConfig = TextConfig()  # spec §8.4: MiniLM reward models on TL;DR-like and HH-RLHF text
     workers: PositiveInt = 1  # processes for the independent fits (each is seeded on its own: results do not change)
 

@@ -103,14 +103,15 @@ def final_model(algorithm: FedAvg | PersonalLoRA, result: SimulationResult, roun
     return algorithm.assemble(result.state, result.clients, rounds)
 
 
-def run_federated(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int,
-                  problem: tuple[Truth, Prefs, Prefs], max_norm: float | None,
-                  progress: bool) -> tuple[dict, SimulationResult]:
-    """Simulates `method` and measures it with the centralised metrics on a centralised-shaped model."""
+def run_federated(method: str, config: Config, seed: int, problem: tuple[Truth, Prefs, Prefs],
+                  max_norm: float | None, progress: bool) -> tuple[dict, SimulationResult]:
+    """Simulates `method` on `config.engine` and measures it with the centralised metrics on a centralised-shaped
+    model."""
+    cfg, p = config.federated, config.problem
     truth, data, test = problem
     clients = user_data(data, test, p.users)
     algorithm = build(method, cfg, p, truth, clients, max_norm)
-    result = simulate(algorithm, clients, cfg.rounds, seed, cfg.fraction, cfg.eval_every, options=cfg.engine,
+    result = simulate(algorithm, clients, cfg.rounds, seed, cfg.fraction, cfg.eval_every, options=config.engine,
                       progress=progress, label=f"{method} seed {seed}")
     res = evaluate(final_model(algorithm, result, cfg.rounds), truth, test)
     per_round = result.ledger.per_round()
@@ -170,15 +171,24 @@ def table(acc: dict[str, dict[str, list]], methods: list[str]) -> str:
     return "\n".join(lines)
 
 
-def run_method(method: str, cfg: FederatedConfig, p: ProblemConfig, seed: int, progress: bool) -> dict:
+def run_method(method: str, config: Config, seed: int, progress: bool) -> dict:
     """One method on one seed's problem: its metrics ("res") and, for a federated one, its ledger's rows."""
+    cfg, p = config.federated, config.problem
     problem = generate(p, seed)
     if method in CENTRAL:
         return {"res": run_central(CENTRAL[method], cfg, p, seed, problem)}
     delta = problem[0].delta
     max_norm = cfg.norm_slack * float(delta.flatten(1).norm(dim=1).max()) if cfg.norm_projection else None
-    res, result = run_federated(method, cfg, p, seed, problem, max_norm, progress)
+    res, result = run_federated(method, config, seed, problem, max_norm, progress)
     return {"res": res, "ledger": result.ledger.rows}
+
+
+def cache_key(config: Config) -> str:
+    """The fingerprint every (method, seed) run is cached under: the federated section (less the run selection) with
+    the engine inside it, where it was before it moved to the top level, and the problem."""
+    federated = config.federated.model_dump(mode="json", exclude={"run", "methods"})
+    return fingerprint({"federated": {**federated, "engine": config.engine.model_dump(mode="json")},
+                        "problem": config.problem.model_dump(mode="json")})
 
 
 def federated_part(config: Config, run_dir: RunDir, progress: bool) -> Part:
@@ -190,12 +200,11 @@ def federated_part(config: Config, run_dir: RunDir, progress: bool) -> Part:
         raise ValueError(f"unknown methods {unknown}; known: {', '.join((*FEDERATED, *CENTRAL))}")
     acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     records, ledgers = [], {}
-    settings = fingerprint({"federated": cfg.model_dump(mode="json", exclude={"run", "methods"}),
-                            "problem": p.model_dump(mode="json")})  # each (method, seed) cached under it
+    key = cache_key(config)
     for seed in seeds:
         for method in cfg.methods:
-            saved = cached_json(run_dir.path / "pshare_federated_runs" / f"{method}__seed{seed}.json", settings,
-                                partial(run_method, method, cfg, p, seed, progress))
+            saved = cached_json(run_dir.path / "pshare_federated_runs" / f"{method}__seed{seed}.json", key,
+                                partial(run_method, method, config, seed, progress))
             res = saved["res"]
             if "accuracy_by_round" in res:  # rounds back from JSON's string keys
                 res["accuracy_by_round"] = {int(r): a for r, a in res["accuracy_by_round"].items()}

@@ -36,8 +36,9 @@ class IL:
 
 
 @dataclass(frozen=True)
-class FedAvg:
-    """FedAvg with one local step per round: every agent uses the common x^c."""
+class OneStepFedAvg:
+    """FedAvg with one local step per round over the problem interface (reported as "FedAvg"; the federation
+    engine's FedAvg is `methods.fedavg.FedAvg`): every agent uses the common x^c."""
 
     def start(self, problem: Problem, steps: int, rng: np.random.Generator | None) -> np.ndarray:
         return np.zeros((problem.runs, problem.d))

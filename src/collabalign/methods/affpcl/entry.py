@@ -28,7 +28,7 @@ from collabalign.config import Strict
 from collabalign.data.errors import DataError, unreadable
 from collabalign.data.formats import file_hash
 from collabalign.methods.affpcl.algorithm import AffPCL, run
-from collabalign.methods.affpcl.baselines import IL, Ditto, FedAvg, FineTune, PFedMe
+from collabalign.methods.affpcl.baselines import IL, Ditto, FineTune, OneStepFedAvg, PFedMe
 from collabalign.seeding import Seeds
 
 MethodName = Literal["affpcl", "il", "fedavg", "ditto", "pfedme", "finetune"]
@@ -175,7 +175,7 @@ def load_agents(data: str | Path | Agents) -> tuple[dict[str, tuple[np.ndarray, 
 def _method(config: AffPCLConfig) -> tuple[Any, Any]:
     """The driver's method object and how to read its central model (R, d) from its final state (None: it has none)."""
     return {"affpcl": (AffPCL(central="oracle"), lambda s: s.xc), "il": (IL(), None),
-            "fedavg": (FedAvg(), lambda s: s), "ditto": (Ditto(config.reg), lambda s: s[1]),
+            "fedavg": (OneStepFedAvg(), lambda s: s), "ditto": (Ditto(config.reg), lambda s: s[1]),
             "pfedme": (PFedMe(config.reg), lambda s: s[1]),
             "finetune": (FineTune(config.pretrain_ratio), lambda s: s[0])}[config.method]
 

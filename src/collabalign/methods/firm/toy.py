@@ -21,13 +21,33 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
+from pydantic import Field, PositiveInt, model_validator
 
+from collabalign.config import Strict
 from collabalign.data.partition import dirichlet, iid
 from collabalign.methods.firm.rules import Rule, disagreement, dispersion, server_weights
 from collabalign.methods.firm.solver import gram, normalise, penalty, qp
 
-VOCAB, LENGTH, PROMPTS, HIDDEN, RANK, SCALE, CORRELATION = 12, 4, 8, 16, 4, 2.0, 0.9
+SCALE, CORRELATION = 2.0, 0.9
 M = 2
+MAX_RESPONSES = 100_000  # vocab ** length: the exact evaluation enumerates every response
+
+
+class ToySizes(Strict):
+    """The toy model's sizes (spec §8 R3's by default)."""
+
+    vocab: int = Field(12, ge=2)  # V
+    length: PositiveInt = 4  # L, tokens per response
+    prompts: PositiveInt = 8  # P, prompt types
+    hidden: PositiveInt = 16  # h, the frozen features' width
+    rank: PositiveInt = 4  # r, the LoRA analogue's rank
+
+    @model_validator(mode="after")
+    def _enumerable(self) -> ToySizes:
+        if self.vocab ** self.length > MAX_RESPONSES:
+            raise ValueError(f"vocab ** length = {self.vocab} ** {self.length} responses: the exact held-out "
+                             f"evaluation enumerates them all, at most {MAX_RESPONSES:,}")
+        return self
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:
