@@ -91,3 +91,20 @@ def test_real_smollm2_smoke(tmp_path):
     reply = loaded.generate(["Name a fruit."], 4, generator=torch.Generator().manual_seed(0), temperature=0)
     assert reply.responses[0] == result.model.generate(["Name a fruit."], 4, generator=torch.Generator().manual_seed(
         0), temperature=0).responses[0]
+
+
+def test_a_hugging_face_reward_model_by_path(tmp_path):
+    """A sequence-classification reward model given by its folder (a tiny random Llama classifier saved here; a hub
+    name goes the same way) is scored through `HFRewardModel` as one of the rewards."""
+    from transformers import LlamaConfig, LlamaForSequenceClassification
+
+    tokenizer = tiny_llama().tokenizer
+    config = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                         num_attention_heads=2, num_labels=1, pad_token_id=tokenizer.pad_token_id)
+    torch.manual_seed(0)
+    LlamaForSequenceClassification(config).save_pretrained(tmp_path / "rm")
+    tokenizer.save_pretrained(tmp_path / "rm")
+    quick = CONFIG.model_copy(update={"rounds": 1})
+    result = train_firm(quick, [p["prompt"] for p in prompts()], rewards=[str(tmp_path / "rm"), "brevity"])
+    assert result.metrics["objectives"] == [str(tmp_path / "rm"), "brevity"]
+    assert 0 < result.metrics["eval_reward_0"] < 1  # a sigmoid of the classifier's logit
