@@ -1,16 +1,18 @@
 """The FIRM language-model path end to end: the GPU config with tiny local stand-ins for its three Hugging Face
 models (policy, helpful and harmless reward models), every declared LM claim in summary.json, the Table 1 analogue
-and the plots; and the part's not-run record."""
+and the plots, on the shared prompts and on a prompts JSONL; the part's not-run record."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
 from collabalign.cli import CONFIG_DIR, main
+from collabalign.data.errors import DataError
 from collabalign.data.paths import shared_data_dir
 from collabalign.experiments.firm import lm
-from collabalign.experiments.firm.lm_setup import LMRunner
+from collabalign.experiments.firm.lm_setup import LMRunner, jsonl_prompts
 from collabalign.models.backbones import smollm2_tokenizer, tiny_llama
 
 needs_data = pytest.mark.skipif(shared_data_dir() is None, reason="../shared/data not found")
@@ -83,3 +85,25 @@ def test_bad_beta_or_preference_is_one_line_and_exit_2(override, key, capsys):
     assert main(["run", str(CONFIG_DIR / "firm" / "quick.yaml"), override, "--out", "/nonexistent/x"]) == 2
     err = capsys.readouterr().err
     assert key in err and err.startswith("error:")
+
+
+def test_a_prompts_jsonl_replaces_the_shared_prompts(tmp_path, monkeypatch):
+    stand_ins(tmp_path)
+    monkeypatch.setenv("COLLABALIGN_DATA", str(tmp_path))  # no HH-RLHF or PKU-SafeRLHF here
+    prompts = [f"How do I look after plant number {i}?" for i in range(10)] + ["word " * 400]  # the last too long
+    (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+    out = tmp_path / "run"
+    overrides = [f"lm.model={tmp_path / 'policy'}", "lm.device=cpu", "hf_rewards.device=cpu",
+                 f"hf_rewards.helpful={tmp_path / 'helpful'}", f"hf_rewards.harmless={tmp_path / 'harmless'}",
+                 f"hf_rewards.helpful_alt={tmp_path / 'helpful'}", "lm.seeds=1", "lm.clients=2", "lm.rounds=1",
+                 "lm.batches=1", "lm.batch_size=2", "lm.ppo.minibatch=2", "lm.max_new_tokens=3", "lm.eval_prompts=2",
+                 "lm.only=[firm]", f"lm.data={{source: jsonl, path: {tmp_path / 'prompts.jsonl'}}}",
+                 "engine.batched=false"]
+    assert main(["run", str(CONFIG_DIR / "firm" / "gpu_tinyllama.yaml"), *overrides, "--out", str(out),
+                 "--no-progress"]) == 0
+    report = (out / "report.md").read_text()
+    assert "8 train and 2 held-out prompts (1 longer than 256 tokens left out)" in report
+    summary = json.loads((out / "summary.json").read_text())
+    assert next(c for c in summary["claims"] if c["name"] == lm.LEARNED.name)["n"] == 1
+    with pytest.raises(DataError, match="more than lm.eval_prompts = 10 are needed"):
+        jsonl_prompts(tmp_path / "prompts.jsonl", 10, len, 100, np.random.default_rng(0))

@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 import pytest
+import torch
 
 from collabalign.experiments.pshare_lora import Config
 from collabalign.experiments.pshare_lora.bandit import bandit_part, summarise
@@ -94,6 +95,22 @@ def test_federated_runs_are_cached_and_read_back_with_their_ledgers(toy_federate
     assert again.records == part.records and again.claims == part.claims and again.metrics == part.metrics
     assert (paths[0] / "ledger.csv").read_text() == ledger
     assert all(isinstance(r, int) for rec in again.records for r in rec.get("accuracy_by_round", {}))
+
+
+def test_the_top_level_engine_runs_the_federated_part_and_keys_its_cache(tmp_path, monkeypatch):
+    from collabalign.experiments.pshare_lora import federated
+    from collabalign.federation.engine import EngineOptions
+
+    seen, simulate = [], federated.simulate
+    monkeypatch.setattr(federated, "simulate", lambda *a, options, **k: seen.append(options) or simulate(
+        *a, options=options, **k))
+    engine = EngineOptions(batched=False)
+    cfg = FEDERATED.model_copy(update={"seeds": [0], "engine": engine, "federated": FEDERATED.federated.model_copy(
+        update={"methods": ["fed_pshare_si"]})})
+    federated_part(cfg, RunDir(tmp_path), progress=False)
+    assert seen == [engine] and federated.cache_key(cfg) != federated.cache_key(FEDERATED)
+    with pytest.raises(ValueError, match="federated.engine"):
+        Config.model_validate({"federated": {"engine": {"batched": False}}})
 
 
 TEXT = TextConfig(run=True, seeds=[0, 1], users=3, n_train=8, n_test=4, epochs=1, batch_size=8, max_length=40, rank=2,
@@ -186,3 +203,40 @@ def test_text_lr_is_chosen_per_method_on_a_held_out_slice_of_the_training_pairs(
     fit_rows, select_rows = held_out_slice(users, 0.2, np.random.default_rng(0))
     assert sorted(fit_rows.tolist() + select_rows.tolist()) == list(range(30))
     assert np.bincount(users[select_rows.numpy()]).tolist() == [2, 2, 2]
+
+
+def write_user_pairs(path, users=("ana", "bo", 7), per_user=10):
+    rows = [{"prompt": f"Post {i} by {u}: my day went well.", "chosen": f"A short summary {i} for {u}.",
+             "rejected": f"An unrelated, long and rambling reply number {i}.", "user": u}
+            for u in users for i in range(per_user)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_jsonl_source_trains_on_the_files_users_and_caches_under_the_files_hash(backbone, tmp_path):
+    from collabalign.experiments.pshare_lora.config import PairsData
+    from collabalign.experiments.pshare_lora.text import fit_key, jsonl_data, jsonl_split
+
+    write_user_pairs(tmp_path / "pairs.jsonl")
+    text = TextConfig.model_validate({**TEXT.model_dump(), "sources": ["jsonl"], "seeds": [0, 1],
+                                      "methods": ["global", "frozen", "pshare_si"],
+                                      "data": {"source": "jsonl", "path": str(tmp_path / "pairs.jsonl")}})
+    part = text_part(Config(seeds=[0], text=text), RunDir(tmp_path / "run"), False, backbone)
+    assert len(part.records) == 3 * 2 and {r["source"] for r in part.records} == {"jsonl"}
+    assert all(len(r["accuracy_per_user"]) == 3 and "oracle_accuracy" not in r for r in part.records)
+    assert f"JSONL pairs: {LEARNED.name}" in [c["name"] for c in part.claims]
+    assert f"the 3 users of {tmp_path / 'pairs.jsonl'}" in "\n".join(part.notes)
+    prefs, _, names = jsonl_data(text, backbone)
+    assert names == ["7", "ana", "bo"] and len(prefs) == 30
+    splits = [jsonl_split(prefs, names, 0.2, seed) for seed in (0, 1)]
+    for train, test in splits:  # 2 of each user's 10 pairs held out, the rest trained on
+        assert np.bincount(test.users.numpy()).tolist() == [2, 2, 2] and len(train) + len(test) == 30
+    assert not torch.equal(splits[0][1].chosen, splits[1][1].chosen)  # each seed holds out its own pairs
+    key = fit_key(text, "jsonl")
+    assert key != fit_key(text, "tldr_like") == fit_key(TextConfig(**{**text.model_dump(), "sources": ["hh"],
+                                                                      "data": None}), "tldr_like")
+    write_user_pairs(tmp_path / "pairs.jsonl", per_user=11)
+    assert fit_key(text, "jsonl") != key  # a changed file is fitted again
+    with pytest.raises(ValueError, match="go together"):
+        TextConfig(sources=["jsonl"])
+    with pytest.raises(ValueError, match="go together"):
+        TextConfig(data=PairsData(path="pairs.jsonl"))

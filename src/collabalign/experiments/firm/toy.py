@@ -17,7 +17,8 @@ from collabalign.config import Grid, Strict
 from collabalign.experiments.firm import plots
 from collabalign.experiments.firm.common import preference, summary
 from collabalign.methods.firm.rules import Rule
-from collabalign.methods.firm.toy import Arm, Setting, World, simulate
+from collabalign.methods.firm.toy import Arm, Setting, simulate
+from collabalign.methods.firm.toy_world import ToySizes, World
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
@@ -56,6 +57,7 @@ ABLATION_LAMBDA = claims.equivalence(
 class ToyConfig(Strict):
     run: bool = True
     seeds: PositiveInt = 10
+    sizes: ToySizes = ToySizes()  # vocabulary, response length, prompt types, feature width, LoRA rank
     clients: PositiveInt = 8
     rounds: PositiveInt = 16
     local_batches: PositiveInt = 3
@@ -127,7 +129,7 @@ def round_lambda(r: dict, cfg: ToyConfig) -> np.ndarray:
 
 def part(cfg: ToyConfig, seeds: Seeds, run_dir: RunDir, progress: bool = True) -> Part:
     """Every group of arms, then the claims, records, metrics and plots."""
-    world = World(seeds.numpy("firm/r3/world"), cfg.seeds)
+    world = World(seeds.numpy("firm/r3/world"), cfg.seeds, cfg.sizes)
     runs: dict[str, dict[str, dict]] = {}
     for name, (st, arms) in groups(cfg).items():
         runs[name] = per_arm(simulate(world, arms, st, seeds.numpy(f"firm/r3/{name}")), arms)
@@ -155,11 +157,14 @@ def part(cfg: ToyConfig, seeds: Seeds, run_dir: RunDir, progress: bool = True) -
                                           "lambda_sd_across_clients": float(np.sqrt(r["dispersion"].mean())),
                                           "kl_final": float(r["kl"][-1].mean())}
     make_plots(cfg, run_dir, runs)
-    note = (f"R3 (spec §8): V = 12, L = 4, P = 8 prompt types, LoRA rank 4; C = {cfg.clients}, T = {cfg.rounds}, "
+    size = cfg.sizes
+    note = (f"R3 (spec §8): V = {size.vocab}, L = {size.length}, P = {size.prompts} prompt types, LoRA rank "
+            f"{size.rank}; C = {cfg.clients}, T = {cfg.rounds}, "
             f"K = {cfg.local_batches} batches of {cfg.batch}, minibatch {cfg.minibatch}, {cfg.epochs} PPO epochs, "
             f"Adam lr {cfg.lr} (per-client, persistent), KL {cfg.kl} {cfg.kl_coef:g}, FIRM β = {cfg.beta:g} with Ĝ; "
-            f"{cfg.seeds} toy worlds (seeds). Held-out rewards are exact expectations over all 12^4 responses of "
-            f"every prompt type, averaged over the last {cfg.final_rounds} rounds. KL decision: TRL's adaptive "
+            f"{cfg.seeds} toy worlds (seeds). Held-out rewards are exact expectations over all "
+            f"{size.vocab}^{size.length} responses of every prompt type, averaged over the last {cfg.final_rounds} "
+            "rounds. KL decision: TRL's adaptive "
             "controller (init 0.2, horizon 10 000) changes β_KL by at most 0.03% per batch of 16, so over 48 batches "
             "it is a fixed 0.2, under which a pilot run barely moved the toy policy (held-out rewards +0.01); the "
             "main config uses the spec prototype's fixed 0.05 for every arm.")

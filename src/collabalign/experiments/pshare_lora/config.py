@@ -5,7 +5,15 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
+from pydantic import (
+    Field,
+    NonNegativeFloat,
+    NonNegativeInt,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from collabalign.config import Distinct, Fraction, Grid, Probability, Strict
 from collabalign.federation.engine import EngineOptions
@@ -14,7 +22,7 @@ from collabalign.methods.pshare_lora.synthetic import SYNTHETIC_METHODS, Problem
 from collabalign.methods.pshare_lora.text import TextTraining
 
 Zeta = NonNegativeFloat | Literal["theory", "oracle"]
-Source = Literal["tldr_like", "hh", "tldr"]
+Source = Literal["tldr_like", "hh", "tldr", "jsonl"]
 SyntheticMethod = Literal[SYNTHETIC_METHODS]  # the same-head variant needs a score head: text only
 TextMethod = Literal[METHODS + VARIANTS]
 
@@ -68,9 +76,19 @@ class FederatedConfig(Strict):
     eval_every: PositiveInt = 10
 
 
+class PairsData(Strict):
+    """Preference pairs JSONL with a `user` field in every row: its users are the labelers."""
+
+    source: Literal["jsonl"] = "jsonl"
+    path: str
+    test_fraction: float = Field(0.2, gt=0, lt=1)  # of each user's pairs held out, drawn per seed
+
+
 class TextConfig(Strict):
     run: bool = False
-    sources: Grid[Source] = ["tldr_like", "hh"]  # "tldr": the real comparisons with their top labelers (spec §5)
+    # "tldr": the real comparisons with their top labelers (spec §5); "jsonl": the pairs of `data`
+    sources: Grid[Source] = ["tldr_like", "hh"]
+    data: PairsData | None = None
     data_root: str | None = None  # tldr: a folder with {train,validation}.jsonl[.gz] in the hub schema; None: the hub
     seeds: Grid[NonNegativeInt] | None = None  # None: the experiment's seeds (text runs cost far more than synthetic)
     backbone: str = "minilm-l6"
@@ -101,6 +119,12 @@ class TextConfig(Strict):
     linear_schedule: bool = True
     methods: Grid[TextMethod] = ["global", "frozen", "local", "share_rep", "share_rep_same_head", "pshare_si",
                                  "pshare_g", "pshare_wu", "share_a"]  # the phased Share Rep ablation only when listed
+
+    @model_validator(mode="after")
+    def _data_iff_jsonl(self) -> TextConfig:
+        if ("jsonl" in self.sources) != (self.data is not None):
+            raise ValueError("text.data (the pairs JSONL) and the source 'jsonl' in text.sources go together")
+        return self
 
     def training(self, lr: float) -> TextTraining:
         """The method package's training settings at learning rate `lr`."""

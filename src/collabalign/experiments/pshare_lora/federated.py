@@ -184,8 +184,8 @@ def run_method(method: str, config: Config, seed: int, progress: bool) -> dict:
 
 
 def cache_key(config: Config) -> str:
-    """The fingerprint every (method, seed) run is cached under: the federated section (less the run selection) with
-    the engine inside it, where it was before it moved to the top level, and the problem."""
+    """The fingerprint every (method, seed) run is cached under (as in results/pshare-main): the federated section
+    less the run selection, with the top-level engine inside it, and the problem."""
     federated = config.federated.model_dump(mode="json", exclude={"run", "methods"})
     return fingerprint({"federated": {**federated, "engine": config.engine.model_dump(mode="json")},
                         "problem": config.problem.model_dump(mode="json")})

@@ -1,7 +1,8 @@
 """The text part (spec §8.4): personalised MiniLM reward models for simulated labelers who weigh measurable
 attributes of the texts (w_i = M c_i), on the offline TL;DR-like generator and on real HH-RLHF replies, or the real
-Reddit TL;DR labelers; every method over seeds, mean ± std per labeler, the paper's ordering as claims per source
-(`ordering.py`) after a claim that the source is learned at all, a Fig. 2-like plot."""
+Reddit TL;DR labelers, or the users of a preference-pairs JSONL (`text.data`); every method over seeds, mean ± std
+per labeler, the paper's ordering as claims per source (`ordering.py`) after a claim that the source is learned at
+all, a Fig. 2-like plot."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import torch
 from collabalign.claims import Claim, confirmed, not_run, superiority
 from collabalign.data.attribute_labelers import AttributePairs, calibrate_beta, describe, draw_labels, labeler_weights
 from collabalign.data.errors import DataError
+from collabalign.data.formats import file_hash, load_pairs
 from collabalign.data.hh_pairs import hh_pairs, hh_texts
 from collabalign.data.paths import shared_data_dir
 from collabalign.data.tldr import load_tldr_users
@@ -27,6 +29,7 @@ from collabalign.experiments.pshare_lora.ordering import ordering_claims
 from collabalign.experiments.pshare_lora.plots import labeler_bars
 from collabalign.experiments.selection import best, held_out_slice
 from collabalign.methods.pshare_lora import LABELS, Prefs
+from collabalign.methods.pshare_lora.entry import split_per_user
 from collabalign.methods.pshare_lora.text import encode, fit, prefs_from_pairs
 from collabalign.methods.pshare_lora.train import per_user_mean
 from collabalign.models.backbones import Backbone, load_backbone
@@ -35,7 +38,7 @@ from collabalign.models.reward import pair_correct
 from collabalign.runs import Part, RunDir, cached_json, fingerprint
 from collabalign.seeding import Seeds
 
-SOURCE_NAMES = {"tldr_like": "TL;DR-like", "hh": "HH-RLHF", "tldr": "Reddit TL;DR"}
+SOURCE_NAMES = {"tldr_like": "TL;DR-like", "hh": "HH-RLHF", "tldr": "Reddit TL;DR", "jsonl": "JSONL pairs"}
 HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
 TEXT_SELECTION = {"run", "seeds", "sources", "methods", "lr_grid"}  # which fits run (each fit's lr: its name)
 LEARNED = superiority(
@@ -66,6 +69,15 @@ def labelled(pairs: AttributePairs, cfg: TextConfig, source: str, seed: int) -> 
     return prefs[train], prefs[test], info
 
 
+def fit_key(cfg: TextConfig, source: str) -> str:
+    """The fingerprint a source's fits are cached under: the text settings less the fit selection and `data`, and
+    for the JSONL source its `data` section and the file's sha256."""
+    key = fingerprint(cfg.model_dump(mode="json", exclude=TEXT_SELECTION | {"data"}))
+    if source != "jsonl":
+        return key
+    return fingerprint({"text": key, "data": cfg.data.model_dump(mode="json"), "sha256": file_hash(cfg.data.path)})
+
+
 def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbone | None = None) -> Part:
     """Every method on every source and text seed, each at its lr chosen from one grid on a held-out slice of the
     first seed's training pairs (each fit cached in run_dir/pshare_text_fits, so a stopped run continues where it
@@ -74,21 +86,25 @@ def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbon
     backbone = backbone or load_backbone(cfg.backbone)
     backbone.model.to(getattr(torch, cfg.dtype))
     part = Part()
-    key = fingerprint(cfg.model_dump(mode="json", exclude=TEXT_SELECTION))  # each fit is cached under it
 
-    def cached_fit(source: str, tag: str, cache: TextCache, train: Prefs, test: Prefs, method: str, lr: float,
-                   seed: int) -> dict:
-        return cached_json(run_dir.path / "pshare_text_fits" / f"{source}__{method}__lr{lr:g}__{tag}.json", key,
-                           partial(fit, backbone, cache, train, test, method, cfg.users, cfg.training(lr), seed))
+    def cached_fit(source: str, users: int, tag: str, cache: TextCache, train: Prefs, test: Prefs, method: str,
+                   lr: float, seed: int) -> dict:
+        return cached_json(run_dir.path / "pshare_text_fits" / f"{source}__{method}__lr{lr:g}__{tag}.json",
+                           fit_key(cfg, source),
+                           partial(fit, backbone, cache, train, test, method, users, cfg.training(lr), seed))
 
     for source in cfg.sources:
         acc: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-        oracle, hh_cache, real, chosen = [], None, None, {}
+        oracle, hh_cache, real, chosen, users = [], None, None, {}, cfg.users
         for seed in seeds:
             start = time.perf_counter()
+            info = {}
             if source == "tldr":  # real labels: the same users and pairs for every seed (selected with seed 42)
                 train, test, cache = real = real or tldr_data(cfg, backbone)
-                info = {}
+            elif source == "jsonl":  # the file's users and pairs, encoded once; each seed holds out its own pairs
+                prefs, cache, names = real = real or jsonl_data(cfg, backbone)
+                users = len(names)
+                train, test = jsonl_split(prefs, names, cfg.data.test_fraction, seed)
             else:
                 pairs, cache, hh_cache = source_data(source, cfg, seed, backbone, hh_cache)
                 train, test, info = labelled(pairs, cfg, source, seed)
@@ -98,11 +114,11 @@ def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbon
                                       "attribute weights, largest first): "
                                       + "; ".join(describe(info["weights"], pairs.names)))
             if seed == seeds[0]:
-                chosen = choose_lrs(cfg, source, train, seed, partial(cached_fit, source, "select", cache))
+                chosen = choose_lrs(cfg, source, train, seed, partial(cached_fit, source, users, "select", cache))
                 part.metrics[f"text_{source}_lr"] = chosen
             for method in cfg.methods:
                 lr = chosen[method]["lr"]
-                res = cached_fit(source, f"seed{seed}", cache, train, test, method, lr, seed)
+                res = cached_fit(source, users, f"seed{seed}", cache, train, test, method, lr, seed)
                 part.records.append({"experiment": "text", "source": source, "method": method, "seed": seed,
                                      "lr": lr, **res, **{k: info[k] for k in ("oracle_accuracy", "oracle_per_user",
                                                                              "beta") if info}})
@@ -112,7 +128,7 @@ def text_part(config: Config, run_dir: RunDir, progress: bool, backbone: Backbon
                     print(f"text {source} seed {seed} {method}: accuracy {res['accuracy']:.4f}", file=sys.stderr)
             if progress:
                 print(f"text {source} seed {seed}: {time.perf_counter() - start:.0f} s", file=sys.stderr)
-        add_source(part, source, acc, np.asarray(oracle), cfg, run_dir)
+        add_source(part, source, users, acc, np.asarray(oracle), cfg, run_dir)
         part.notes.append(lr_table(SOURCE_NAMES[source], cfg, chosen))
     return part
 
@@ -156,6 +172,23 @@ def tldr_data(cfg: TextConfig, backbone: Backbone) -> tuple[Prefs, Prefs, TextCa
     return prefs[: len(train)], prefs[len(train):], cache
 
 
+def jsonl_data(cfg: TextConfig, backbone: Backbone) -> tuple[Prefs, TextCache, list[str]]:
+    """The pairs of `cfg.data` (a `user` in every row) and their texts encoded once as `prefs_from_pairs` lays them
+    out; user i is names[i] (the file's users, sorted)."""
+    pairs = load_pairs(cfg.data.path, require=("user",))
+    names = sorted({p.party for p in pairs})
+    index = {name: i for i, name in enumerate(names)}
+    texts, prefs = prefs_from_pairs(pairs.pairs, [index[p.party] for p in pairs])
+    cache = encode(backbone, texts, cfg.max_length, cfg.lora_blocks, truncation_side=cfg.truncation_side)
+    return prefs, cache, names
+
+
+def jsonl_split(prefs: Prefs, names: list[str], test_fraction: float, seed: int) -> tuple[Prefs, Prefs]:
+    """(train, test): `test_fraction` of each user's pairs held out, drawn as `train_pshare_lora` draws them."""
+    train, test = split_per_user(prefs.users.tolist(), test_fraction, Seeds(seed).numpy("pshare-lora-split"), names)
+    return prefs[train], prefs[test]
+
+
 def source_data(source: str, cfg: TextConfig, seed: int, backbone: Backbone,
                 hh_cache: tuple | None) -> tuple[AttributePairs, TextCache, tuple | None]:
     """The seed's pairs and their cached features: TL;DR-like texts are drawn per seed, HH texts encoded once."""
@@ -174,7 +207,8 @@ def source_data(source: str, cfg: TextConfig, seed: int, backbone: Backbone,
     return hh_pairs(turns, replies, attrs, cfg.users, cfg.n_train, cfg.n_test, seed), cache, hh_cache
 
 
-def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: TextConfig, run_dir: RunDir) -> None:
+def add_source(part: Part, source: str, users: int, acc: dict, oracle: np.ndarray, cfg: TextConfig,
+               run_dir: RunDir) -> None:
     """Claims (named with the source), metrics, the table and the per-labeler plot of one source."""
     name = SOURCE_NAMES[source]
     accuracy = {m: v["accuracy"] for m, v in acc.items()}
@@ -189,9 +223,7 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
     if oracle.size:
         part.metrics[f"text_{source}"]["oracle"] = round(float(oracle.mean()), 4)
     part.notes.append(table(name, acc, cfg.methods, oracle))
-    labels = ("the labelers' own comparisons (top labelers by train count, balanced)" if source == "tldr" else
-              f"rho {cfg.rho}, eta {cfg.tail}, beta set for oracle accuracy {cfg.oracle_accuracy}")
-    part.notes.append(f"{name}: {cfg.users} labelers x {cfg.n_train} train / {cfg.n_test} test pairs, {labels}; "
+    part.notes.append(f"{name}: {data_note(source, cfg, users)}; "
                       f"{cfg.backbone} with LoRA "
                       f"(r {cfg.rank}, alpha {cfg.alpha}, dropout {cfg.dropout}) on {'/'.join(cfg.targets)} of the top "
                       f"{cfg.lora_blocks} blocks (lower blocks cached), max {cfg.max_length} tokens; Adam (lr below)"
@@ -201,6 +233,16 @@ def add_source(part: Part, source: str, acc: dict, oracle: np.ndarray, cfg: Text
                       "variant: one head for all users; its phased ablation: a global phase first, then that split "
                       "at lr/3).")
     labeler_bars(run_dir, source, name, acc, cfg.methods, oracle)
+
+
+def data_note(source: str, cfg: TextConfig, users: int) -> str:
+    """Where a source's users and pairs come from, for its note."""
+    if source == "jsonl":
+        return (f"the {users} users of {cfg.data.path} with their own pairs, {cfg.data.test_fraction:g} of each "
+                "user's held out per seed")
+    labels = ("the labelers' own comparisons (top labelers by train count, balanced)" if source == "tldr" else
+              f"rho {cfg.rho}, eta {cfg.tail}, beta set for oracle accuracy {cfg.oracle_accuracy}")
+    return f"{cfg.users} labelers x {cfg.n_train} train / {cfg.n_test} test pairs, {labels}"
 
 
 def learned_claim(accuracy: dict[str, list[float]], name: str, learned: Claim = LEARNED, method: str = "global"

@@ -1,10 +1,11 @@
 """R3 of the FIRM reproduction (spec §8 R3): toy federated alignment with PPO, vectorised over arms, replicates and
 clients (numpy, analytic gradients).
 
-A tiny "LLM": vocabulary V = 12, responses of L = 4 tokens drawn independently per position, P = 8 prompt types,
-frozen features φ(x, l) ~ N(0, I/h) (h = 16) and base W_0 ~ N(0, 0.5²); logits z = W_0 φ + 2 B (A φ) with a LoRA
-analogue A (r × h, r = 4, ~ N(0, 0.1²)) and B (V × r, zero at start). Only (A, B) are trained and averaged. Two reward
-models in [0, 1] (sigmoids): helpfulness from token values help_tok ~ U(−1, 1), harmlessness from
+A tiny "LLM" (its world and reward models in `toy_world.py`, its sizes `ToySizes`, the spec's by default):
+vocabulary V = 12, responses of L = 4 tokens drawn independently per position, P = 8 prompt types, frozen features
+φ(x, l) ~ N(0, I/h) (h = 16) and base W_0 ~ N(0, 0.5²); logits z = W_0 φ + 2 B (A φ) with a LoRA analogue
+A (r × h, r = 4, ~ N(0, 0.1²)) and B (V × r, zero at start). Only (A, B) are trained and averaged. Two reward models
+in [0, 1] (sigmoids): helpfulness from token values help_tok ~ U(−1, 1), harmlessness from
 harm_tok = 1.5 max(help_tok, 0) + U(−0.3, 0.3) scaled by the prompt's risk linspace(0, 1, P) (helpful tokens tend to be
 unsafe); the "correlated" world mixes in a shared quality qual ~ U(−1, 1) with c = 0.9. Heterogeneous RMs: clients
 c >= C/2 score helpfulness with help_alt = 0.8 help_tok + 0.6 U(−1, 1).
@@ -21,63 +22,13 @@ import itertools
 from dataclasses import dataclass
 
 import numpy as np
-from pydantic import Field, PositiveInt, model_validator
 
-from collabalign.config import Strict
 from collabalign.data.partition import dirichlet, iid
 from collabalign.methods.firm.rules import Rule, disagreement, dispersion, server_weights
 from collabalign.methods.firm.solver import gram, normalise, penalty, qp
+from collabalign.methods.firm.toy_world import M, World, expectation_subscripts, response_rewards, rewards
 
-SCALE, CORRELATION = 2.0, 0.9
-M = 2
-MAX_RESPONSES = 100_000  # vocab ** length: the exact evaluation enumerates every response
-
-
-class ToySizes(Strict):
-    """The toy model's sizes (spec §8 R3's by default)."""
-
-    vocab: int = Field(12, ge=2)  # V
-    length: PositiveInt = 4  # L, tokens per response
-    prompts: PositiveInt = 8  # P, prompt types
-    hidden: PositiveInt = 16  # h, the frozen features' width
-    rank: PositiveInt = 4  # r, the LoRA analogue's rank
-
-    @model_validator(mode="after")
-    def _enumerable(self) -> ToySizes:
-        if self.vocab ** self.length > MAX_RESPONSES:
-            raise ValueError(f"vocab ** length = {self.vocab} ** {self.length} responses: the exact held-out "
-                             f"evaluation enumerates them all, at most {MAX_RESPONSES:,}")
-        return self
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-class World:
-    """`replicates` independent toy worlds: features phi (R, P, L, h), base W0 (R, V, h), LoRA start A0 (R, r, h),
-    token values help / harm / qual / help_alt (R, V) and prompt risk (P,)."""
-
-    def __init__(self, rng: np.random.Generator, replicates: int):
-        R = replicates
-        self.phi = rng.standard_normal((R, PROMPTS, LENGTH, HIDDEN)) / np.sqrt(HIDDEN)
-        self.w0 = 0.5 * rng.standard_normal((R, VOCAB, HIDDEN))
-        self.a0 = 0.1 * rng.standard_normal((R, RANK, HIDDEN))
-        self.help = rng.uniform(-1, 1, (R, VOCAB))
-        self.harm = 1.5 * np.maximum(self.help, 0) + rng.uniform(-0.3, 0.3, (R, VOCAB))
-        self.qual = rng.uniform(-1, 1, (R, VOCAB))
-        self.help_alt = 0.8 * self.help + 0.6 * rng.uniform(-1, 1, (R, VOCAB))
-        self.risk = np.linspace(0, 1, PROMPTS)
-        self.replicates = R
-
-
-def rewards(help_sum: np.ndarray, harm_sum: np.ndarray, qual_sum: np.ndarray, risk: np.ndarray,
-            correlated: np.ndarray) -> np.ndarray:
-    """(r_help, r_harm) (..., 2) from the token sums of a response and its prompt's risk (spec §8 R3)."""
-    c = CORRELATION
-    r_help = np.where(correlated, c * qual_sum + (1 - c) * help_sum, help_sum)
-    r_harm = np.where(correlated, c * qual_sum - (1 - c) * 2 * risk * harm_sum + 0.5, 1 - 2 * risk * harm_sum)
-    return sigmoid(np.stack(np.broadcast_arrays(r_help, r_harm), -1))
+SCALE = 2.0  # the LoRA analogue's scale: z = W_0 φ + SCALE · B (A φ)
 
 
 @dataclass(frozen=True)
@@ -124,16 +75,17 @@ class Setting:
             raise ValueError(f"minibatch must be in [1, batch = {self.batch}], got {self.minibatch}")
 
 
-def prompt_mix(arms: list[Arm], setting: Setting, replicates: int, rng: np.random.Generator) -> np.ndarray:
+def prompt_mix(arms: list[Arm], setting: Setting, world: World, rng: np.random.Generator) -> np.ndarray:
     """Each client's prompt-type distribution (A, R, C, P) from an iid or Dirichlet split of a pool of
     prompts_per_type prompts of every type (collabalign.data.partition)."""
-    labels = np.repeat(np.arange(PROMPTS), setting.prompts_per_type)
-    out = np.zeros((len(arms), replicates, setting.clients, PROMPTS))
-    for (a, arm), r in itertools.product(enumerate(arms), range(replicates)):  # data setup, not a hot path
+    P = world.sizes.prompts
+    labels = np.repeat(np.arange(P), setting.prompts_per_type)
+    out = np.zeros((len(arms), world.replicates, setting.clients, P))
+    for (a, arm), r in itertools.product(enumerate(arms), range(world.replicates)):  # data setup, not a hot path
         parts = (dirichlet(labels, setting.clients, setting.dirichlet_alpha, rng) if arm.split == "dirichlet"
                  else iid(len(labels), setting.clients, rng))
         for c, part in enumerate(parts):
-            out[a, r, c] = np.bincount(labels[part], minlength=PROMPTS) / len(part)
+            out[a, r, c] = np.bincount(labels[part], minlength=P) / len(part)
     return out
 
 
@@ -141,8 +93,9 @@ class Toy:
     """Arms × replicates × clients of the toy, flattened to N = A R C clients; `run` trains them all."""
 
     def __init__(self, world: World, arms: list[Arm], setting: Setting, rng: np.random.Generator):
-        self.world, self.arms, self.setting, self.rng = world, arms, setting, rng
+        self.world, self.arms, self.setting, self.rng, self.sizes = world, arms, setting, rng, world.sizes
         A, R, C = len(arms), world.replicates, setting.clients
+        V, P, r, h = world.sizes.vocab, world.sizes.prompts, world.sizes.rank, world.sizes.hidden
         self.shape = (A, R, C)
         n = A * R * C
         self.rep = np.tile(np.repeat(np.arange(R), C), A)
@@ -153,46 +106,47 @@ class Toy:
         self.help = np.where(alt[:, None], world.help_alt[self.rep], world.help[self.rep])
         self.phi, self.w0 = world.phi[self.rep], world.w0[self.rep]
         self.base = np.einsum("nvh,nplh->nplv", self.w0, self.phi)  # reference logits (N, P, L, V)
-        self.cum_q = np.cumsum(prompt_mix(arms, setting, R, rng).reshape(n, PROMPTS), -1)
+        self.cum_q = np.cumsum(prompt_mix(arms, setting, world, rng).reshape(n, P), -1)
         self.kinds = np.array([arm.rule.kind for arm in arms])[arm_of]
         self.penalty = np.stack([penalty(M, arm.rule.beta, arm.rule.p) for arm in arms])[arm_of]  # (N, M)
         self.normalize = np.array([arm.rule.normalize for arm in arms])[arm_of]
         self.fixed = np.stack([arm.rule.fixed(M) for arm in arms])[arm_of]
-        d = RANK * HIDDEN + VOCAB * RANK
-        self.theta = np.concatenate([world.a0[self.rep].reshape(n, -1), np.zeros((n, VOCAB * RANK))], 1)
+        d = r * h + V * r
+        self.theta = np.concatenate([world.a0[self.rep].reshape(n, -1), np.zeros((n, V * r))], 1)
         self.adam_m, self.adam_v, self.adam_t = np.zeros((n, d)), np.zeros((n, d)), 0
         self.kl_coef = np.full(n, setting.kl_coef)
-        self.baseline, self.seen = np.zeros((n, PROMPTS, M)), np.zeros((n, PROMPTS), bool)
+        self.baseline, self.seen = np.zeros((n, P, M)), np.zeros((n, P), bool)
         self.n, self.d = n, d
 
     def _factors(self, theta: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        return theta[:, : RANK * HIDDEN].reshape(-1, RANK, HIDDEN), theta[:, RANK * HIDDEN:].reshape(-1, VOCAB, RANK)
+        r, h = self.sizes.rank, self.sizes.hidden
+        return theta[:, : r * h].reshape(-1, r, h), theta[:, r * h:].reshape(-1, self.sizes.vocab, r)
 
     def _logits(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Logits (N, b L, V) of prompts x (N, b) under the current adapters, with the features f (N, b L, h) and
         A f (N, b L, r); positions are flattened into the sample axis."""
         la, lb = self._factors(self.theta)
         rows = np.arange(self.n)[:, None]
-        f = self.phi[rows, x].reshape(self.n, -1, HIDDEN)
+        f = self.phi[rows, x].reshape(self.n, -1, self.sizes.hidden)
         u = f @ np.swapaxes(la, 1, 2)
-        return self.base[rows, x].reshape(self.n, -1, VOCAB) + SCALE * (u @ np.swapaxes(lb, 1, 2)), f, u
+        return self.base[rows, x].reshape(self.n, -1, self.sizes.vocab) + SCALE * (u @ np.swapaxes(lb, 1, 2)), f, u
 
     def rollout(self) -> dict[str, np.ndarray]:
         """B prompts per client from its mix, responses from the current policy, rewards, KL and advantages."""
-        s = self.setting
+        s, (V, L, P) = self.setting, (self.sizes.vocab, self.sizes.length, self.sizes.prompts)
         rows = np.arange(self.n)[:, None]
-        x = np.minimum((self.rng.random((self.n, s.batch))[..., None] > self.cum_q[:, None]).sum(-1), PROMPTS - 1)
+        x = np.minimum((self.rng.random((self.n, s.batch))[..., None] > self.cum_q[:, None]).sum(-1), P - 1)
         z, _, _ = self._logits(x)
-        logp = log_softmax(z).reshape(self.n, s.batch, LENGTH, VOCAB)
+        logp = log_softmax(z).reshape(self.n, s.batch, L, V)
         cum = np.cumsum(np.exp(logp), -1)
-        y = np.minimum((self.rng.random((self.n, s.batch, LENGTH))[..., None] > cum).sum(-1), VOCAB - 1)
+        y = np.minimum((self.rng.random((self.n, s.batch, L))[..., None] > cum).sum(-1), V - 1)
         logp_old = np.take_along_axis(logp, y[..., None], -1)[..., 0]
         logp_ref = np.take_along_axis(log_softmax(self.base[rows, x]), y[..., None], -1)[..., 0]
         kl = (logp_old - logp_ref).sum(-1)  # (N, B)
         sums = [token_sum(table, y) for table in (self.help, self.world.harm[self.rep], self.world.qual[self.rep])]
         r = rewards(*sums, self.world.risk[x], self.correlated[:, None])
         shaped = r - self.kl_coef[:, None, None] * kl[..., None]
-        onehot = np.eye(PROMPTS)[x]  # (N, B, P)
+        onehot = np.eye(P)[x]  # (N, B, P)
         adv = shaped - np.einsum("nbp,npm->nbm", onehot, self.baseline)
         adv = (adv - adv.mean(1, keepdims=True)) / (adv.std(1, keepdims=True) + 1e-8)
         return {"x": x, "y": y, "logp_old": logp_old, "adv": adv, "rewards": r, "kl": kl, "shaped": shaped,
@@ -214,19 +168,19 @@ class Toy:
         pi = np.exp(log_softmax(z))
         ratio = np.exp(np.log(np.take_along_axis(pi, y[..., None], -1)[..., 0])
                        - batch["logp_old"][rows, idx].reshape(self.n, -1))
-        adv = np.repeat(batch["adv"][rows, idx], LENGTH, 1)  # each token carries its sequence's advantage
+        adv = np.repeat(batch["adv"][rows, idx], self.sizes.length, 1)  # each token carries its sequence's advantage
         eps = self.setting.clip
         active = ~(((adv > 0) & (ratio[..., None] > 1 + eps)) | ((adv < 0) & (ratio[..., None] < 1 - eps)))
         if not clipped:
             active = np.ones_like(active)
         coef = -adv * ratio[..., None] * active / y.shape[1]  # dL^j/dlog π per token (N, mb L, M)
-        e = np.eye(VOCAB)[y] - pi  # dlog π_y/dz (N, mb L, V)
+        e = np.eye(self.sizes.vocab)[y] - pi  # dlog π_y/dz (N, mb L, V)
         _, lb = self._factors(self.theta)
-        k = y.shape[1]
-        g_b = SCALE * np.swapaxes(e, 1, 2) @ (u[..., None] * coef[:, :, None, :]).reshape(self.n, k, RANK * M)
+        k, r = y.shape[1], self.sizes.rank
+        g_b = SCALE * np.swapaxes(e, 1, 2) @ (u[..., None] * coef[:, :, None, :]).reshape(self.n, k, r * M)
         t = (e @ lb)[..., None] * coef[:, :, None, :]  # (N, mb L, r, M)
-        g_a = SCALE * np.swapaxes(t.reshape(self.n, k, RANK * M), 1, 2) @ f  # (N, r M, h)
-        g_a = np.swapaxes(g_a.reshape(self.n, RANK, M, HIDDEN), 2, 3)
+        g_a = SCALE * np.swapaxes(t.reshape(self.n, k, r * M), 1, 2) @ f  # (N, r M, h)
+        g_a = np.swapaxes(g_a.reshape(self.n, r, M, self.sizes.hidden), 2, 3)
         return np.concatenate([g_a.reshape(self.n, -1, M), g_b.reshape(self.n, -1, M)], 1)
 
     def firm_weights(self, g: np.ndarray) -> np.ndarray:
@@ -299,10 +253,11 @@ class Toy:
         probs = np.exp(log_softmax(self.base[first] + SCALE * np.einsum("nvr,nplr->nplv", lb, u)))  # (AR, P, L, V)
         kind, rep = self.correlated[first].astype(int), self.rep[first]
         out = np.zeros((A * R, M))
+        contraction = expectation_subscripts(self.sizes.length)
         for k, r in {(int(k), int(r)) for k, r in zip(kind, rep, strict=True)}:  # <= 2 R groups of models
             sel = (kind == k) & (rep == r)
-            p = [probs[sel, :, pos] for pos in range(LENGTH)]
-            out[sel] = np.einsum("pabcdm,npa,npb,npc,npd->nm", eval_rewards[k, r], *p, optimize=True) / PROMPTS
+            p = [probs[sel, :, pos] for pos in range(self.sizes.length)]
+            out[sel] = np.einsum(contraction, eval_rewards[k, r], *p, optimize=True) / self.sizes.prompts
         return out.reshape(A, R, M)
 
 
@@ -314,16 +269,6 @@ def log_softmax(z: np.ndarray) -> np.ndarray:
 def token_sum(table: np.ndarray, y: np.ndarray) -> np.ndarray:
     """Σ_l table[n, y_l] for per-client token values (N, V) and responses (N, B, L) -> (N, B)."""
     return np.take_along_axis(table, y.reshape(len(y), -1), 1).reshape(y.shape).sum(-1)
-
-
-def response_rewards(world: World) -> np.ndarray:
-    """The base reward models' (help, harm) of every response to every prompt type, in both worlds:
-    (2, R, P, V, …, V, M) with one V axis per position; world 0 is the independent one, 1 the correlated one."""
-    combos = np.array(list(itertools.product(range(VOCAB), repeat=LENGTH)))  # every response (V^L, L)
-    sums = [t[:, combos].sum(-1)[:, None, :] for t in (world.help, world.harm, world.qual)]  # (R, 1, V^L)
-    risk = world.risk[None, :, None]
-    table = np.stack([rewards(*sums, risk, np.array(c)) for c in (False, True)])  # (2, R, P, V^L, M)
-    return table.reshape(*table.shape[:3], *([VOCAB] * LENGTH), M)
 
 
 def simulate(world: World, arms: list[Arm], setting: Setting, rng: np.random.Generator) -> dict[str, np.ndarray]:
