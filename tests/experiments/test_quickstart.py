@@ -119,6 +119,48 @@ def test_fedavg_lora_with_client_level_dp_reports_the_privacy_it_spent(no_shared
     assert privacy["delta"] == 1e-5 and 0 < privacy["epsilon"] < float("inf")
 
 
+def write_pairs(path, users=4, per_user=24, drop_user_on=None):
+    """A preference-pairs JSONL: `per_user` polite-vs-rude pairs per user, each user its own domain."""
+    rows = []
+    for i in range(users * per_user):
+        row = {"prompt": f"Question {i}: can you help?", "chosen": f"Gladly, here is answer {i}.",
+               "rejected": f"No. Figure out {i} yourself.", "user": f"u{i % users}", "domain": f"d{i % users}"}
+        if i == drop_user_on:
+            del row["user"]
+        rows.append(json.dumps(row))
+    path.write_text("\n".join(rows) + "\n")
+    return path
+
+
+@pytest.mark.parametrize("attribute", ["user", "domain"])
+def test_a_jsonl_of_preference_pairs_is_split_by_its_users_or_domains(attribute, tmp_path, capsys):
+    data = write_pairs(tmp_path / "pairs.jsonl")
+    overrides = [*TINY[:-1], "data.source=jsonl", f"data.path={data}", f"split.attribute={attribute}", "--no-progress"]
+    rc, _, err = run_cli(["run", str(config_path("quickstart", quick=True)), *overrides, "--out",
+                          str(tmp_path / "run")], capsys)
+    assert rc == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    info = summary["metrics"]["data"]
+    assert (info["source"], info["pairs"], info["attribute"]) == (str(data), 96, attribute)
+    assert sum(info["per_seed"][0]["client_pairs"]) == info["per_seed"][0]["train_pairs"] == 72
+    assert any(f"96 preference pairs from {data}" in n for n in summary["notes"])
+    assert "Fallback" not in " ".join(summary["notes"])
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["split.attribute=topic"], "split.attribute = 'topic': a JSONL's pairs split by one of user, domain"),
+    (["data.path=null"], "data.source jsonl needs data.path"),
+    (["data.source=synthetic"], "data.path is read with data.source jsonl only"),
+    (["split.attribute=user"], "pairs.jsonl:3: field 'user': missing field"),  # the file's third row has no user
+])
+def test_a_bad_jsonl_config_or_row_is_named(overrides, message, tmp_path, capsys):
+    data = write_pairs(tmp_path / "pairs.jsonl", drop_user_on=2)
+    args = ["data.source=jsonl", f"data.path={data}", *overrides]
+    rc, _, err = run_cli(["run", str(config_path("quickstart", quick=True)), *TINY[:-1], *args, "--out",
+                          str(tmp_path / "run"), "--no-progress"], capsys)
+    assert rc == 2 and message in err
+
+
 def test_federated_job_is_the_comparisons_fedavg_lora(tiny_runs):
     """What the Flower app runs (`federated_job`) is the comparison's FedAvg-LoRA: the same final adapters; a node
     (`own`) holds only its own client's pairs."""

@@ -45,8 +45,18 @@ class FederationConfig(Strict):
         return LocalSGD(self.steps, lr, self.batch_size, self.momentum)
 
 
+class LabelledJsonl(Strict):
+    """The user's labelled-text JSONL (data/formats.py: text, text_pair?, label) as one more task of the GLUE part."""
+
+    source: Literal["jsonl"]
+    path: str
+    name: str  # the task's name in records, tables and glue.budget_task
+    dev_fraction: float = Field(0.2, gt=0, lt=1)  # rows held out (seeded) as the task's dev split
+
+
 class GlueConfig(Strict):
     tasks: Distinct[str] = []
+    data: LabelledJsonl | None = None  # a labelled-text JSONL run after the GLUE tasks, as one more task
     backbone: str = "minilm-l6"  # or any Hugging Face encoder name / path, e.g. roberta-base as in the paper
     max_train: PositiveInt = 2000
     max_test: PositiveInt | None = None  # the first N dev rows (None: the whole dev split)
@@ -64,10 +74,18 @@ class GlueConfig(Strict):
     federation: dict[str, float | int] = {}  # overrides of the federation section for GLUE, e.g. {rounds: 10}
 
     @model_validator(mode="after")
-    def _budget_task_runs(self) -> GlueConfig:
-        if self.budget_task is not None and self.budget_task not in self.tasks:
-            raise ValueError(f"budget_task {self.budget_task!r} is not one of tasks {self.tasks}")
+    def _task_names_valid(self) -> GlueConfig:
+        if self.data is not None and self.data.name in self.tasks:
+            raise ValueError(f"data.name {self.data.name!r} is also one of tasks {self.tasks}: name the JSONL task "
+                             "apart")
+        if self.budget_task is not None and self.budget_task not in self.task_names:
+            raise ValueError(f"budget_task {self.budget_task!r} is not one of the tasks {self.task_names}")
         return self
+
+    @property
+    def task_names(self) -> list[str]:
+        """The tasks the GLUE part runs: `tasks`, then the JSONL task when `data` is set."""
+        return [*self.tasks, *([] if self.data is None else [self.data.name])]
 
     def setup(self, fed: FederationConfig) -> GlueSetup:
         """The method layer's settings of a GLUE problem under federation `fed` (lr: set per run by glue.py)."""

@@ -56,22 +56,22 @@ def e1_part(cfg: Config, run_path: Path, progress: bool = True) -> Part:
                                                    runner.arm(method), seed), timed=name == "synthetic")
     main_problems = ["synthetic"]
     glue_claims = [not_run(LEARNED, "no GLUE tasks configured"), not_run(GLUE_EQUAL_BUDGET, "no GLUE tasks configured")]
-    if cfg.glue.tasks:
+    if cfg.glue.task_names:
         notes.append(glue_note(cfg))
         glue_runner = Runner(cfg.glue_federation(), cfg.engine, progress, runner.records, run_cache(run_path, "glue"),
                              glue_fingerprint(cfg))
         glue = glue_e1(cfg, e1, glue_runner, notes)
-        learned = learned_tasks(glue["learned"], cfg.glue.tasks)
+        learned = learned_tasks(glue["learned"], cfg.glue.task_names)
         main_problems += learned
-        if len(learned) < len(cfg.glue.tasks):
+        if len(learned) < len(cfg.glue.task_names):
             notes.append(f"GLUE tasks not shown to be learned, left out of the ranking: "
-                         f"{[t for t in cfg.glue.tasks if t not in learned]}.")
+                         f"{[t for t in cfg.glue.task_names if t not in learned]}.")
         glue_claims = [glue["learned"], glue["e2"] or not_run(GLUE_EQUAL_BUDGET, "glue.budget_task is not set")]
         metrics |= glue["metrics"]
     if cfg.commonsense.configured:
         main_problems.append(commonsense_e1(cfg, e1, runner, notes))
-    plot_e1(runner.records, plots, [p for p, _ in synthetic] + cfg.glue.tasks)
-    text = [*cfg.glue.tasks, *(["commonsense"] if cfg.commonsense.configured else [])]
+    plot_e1(runner.records, plots, [p for p, _ in synthetic] + cfg.glue.task_names)
+    text = [*cfg.glue.task_names, *(["commonsense"] if cfg.commonsense.configured else [])]
     table_rows = [p for p, _ in synthetic] + [r for t in text for r in (t, f"{t} (MCC)")
                                               if any((r, arm) in e1.scores for arm in ARMS)]
     notes.append(score_table(e1.scores, [(r, r) for r in table_rows], PAPER_TABLE,
@@ -110,9 +110,13 @@ def setup_note(cfg: Config) -> str:
 
 def glue_note(cfg: Config) -> str:
     glue, fed = cfg.glue, cfg.glue_federation()
-    return (f"GLUE: {glue.backbone} with LoRA (dropout {glue.dropout}) on {glue.targets} of the top {glue.lora_blocks} "
+    note = (f"GLUE: {glue.backbone} with LoRA (dropout {glue.dropout}) on {glue.targets} of the top {glue.lora_blocks} "
             f"blocks, {glue.max_train} training examples per task ({glue.select_fraction:.0%} of them held out to "
             f"choose lr), texts cut at {glue.max_length} tokens; {fed.rounds} rounds of H = {fed.steps} steps "
             f"(momentum {fed.momentum}, batch {fed.batch_size}), LoRA alpha {fed.lora_alpha}; centralised and frozen "
             f"run {fed.steps * fed.devices} steps per round on one party. GLUE overrides of the federation: "
             f"{glue.federation or 'none'}.")
+    if glue.data is not None:
+        note += (f" Task {glue.data.name}: the labelled texts of {glue.data.path}, {glue.data.dev_fraction:.0%} of "
+                 "its rows (seeded) held out as its dev split.")
+    return note

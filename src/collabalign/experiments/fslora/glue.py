@@ -8,7 +8,7 @@ majority class of the training examples (STS-B: Pearson 0). A task is learned wh
 and above the frozen head; the methods are ranked only on learned tasks, so with `glue.gate` the five federated
 methods run only on a task whose own two cells confirm it (a task that cannot order them costs no method runs; the
 claim over every task, Holm over all cells, is stricter, so every task it confirms has them). E2 runs on one GLUE
-task when configured.
+task when configured. A labelled-text JSONL (`glue.data`, labelled.py) runs as one more task, after the GLUE tasks.
 Every run is cached in the run folder, so a long main run that stops continues where it stopped."""
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ import torch
 
 from collabalign.claims import not_run, superiority
 from collabalign.data import shared_data_dir
+from collabalign.data.formats import file_hash
 from collabalign.experiments.fslora.config import Config
+from collabalign.experiments.fslora.labelled import jsonl_problem
 from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices, federation_settings, score
 from collabalign.experiments.fslora.scores import E1Scores
 from collabalign.experiments.selection import best, held_out_slice
@@ -66,10 +68,15 @@ class GlueTask:
 
 
 def load_task(cfg: Config, task: str, backbone, runner: Runner) -> GlueTask:
-    """The task's problem; `select_fraction` of its training examples (seeded) held out for the grid choice."""
-    shared = shared_data_dir()
-    root = None if shared is None else shared / "glue"  # tasks without a folder there come from the hub
-    problem, train = glue_problem(task, root, backbone, cfg.glue.setup(runner.fed), Seeds(0))
+    """The task's problem (a GLUE task, or the JSONL task `glue.data`); `select_fraction` of its training examples
+    (seeded) held out for the grid choice."""
+    setup = cfg.glue.setup(runner.fed)
+    if cfg.glue.data is not None and task == cfg.glue.data.name:
+        problem, train = jsonl_problem(cfg.glue.data, backbone, setup)
+    else:
+        shared = shared_data_dir()
+        root = None if shared is None else shared / "glue"  # tasks without a folder there come from the hub
+        problem, train = glue_problem(task, root, backbone, setup, Seeds(0))
     fit, select = held_out_slice(np.zeros(len(train)), cfg.glue.select_fraction, Seeds(0).numpy("glue-select", task))
     return GlueTask(task, problem, train[fit], train[select], problem.test)
 
@@ -139,7 +146,7 @@ def glue_e1(cfg: Config, e1: E1Scores, runner: Runner, notes: list[str]) -> dict
     returns the learned claim's record, the E2 claim's (None without a budget task) and the GLUE part's metrics."""
     backbone = load_backbone(cfg.glue.backbone)
     choices, chance, plateau, gated, e2 = {}, {}, {}, {}, None
-    for name in cfg.glue.tasks:
+    for name in cfg.glue.task_names:
         task = load_task(cfg, name, backbone, runner)
         chance[name] = task.chance
         e1.scores[name, "chance"] = [task.chance] * len(cfg.seeds)  # a constant: the table's floor column
@@ -243,7 +250,11 @@ def selection_table(cfg: Config, choices: dict, chance: dict, plateau: dict) -> 
 
 
 def glue_fingerprint(cfg: Config) -> str:
-    """Every setting that changes a GLUE run's numbers (not which tasks, seeds or arms run)."""
-    return fingerprint({"glue": cfg.glue.model_dump(mode="json", exclude={"tasks", "budget_task", "gate"}),
-                        "federation": federation_settings(cfg.glue_federation(), cfg.engine),
-                        "budget_ratio": cfg.ablations.budget_ratio})
+    """Every setting that changes a GLUE run's numbers (not which tasks, seeds or arms run); with a JSONL task, its
+    file's sha256 and dev fraction too."""
+    settings = {"glue": cfg.glue.model_dump(mode="json", exclude={"tasks", "budget_task", "gate", "data"}),
+                "federation": federation_settings(cfg.glue_federation(), cfg.engine),
+                "budget_ratio": cfg.ablations.budget_ratio}
+    if cfg.glue.data is not None:
+        settings["data"] = {"sha256": file_hash(cfg.glue.data.path), "dev_fraction": cfg.glue.data.dev_fraction}
+    return fingerprint(settings)

@@ -1,5 +1,6 @@
-"""The quickstart's one part: FedAvg-LoRA Bradley–Terry reward modelling over clients holding HH-RLHF harmless
-pairs split by topic, against local-only and centralised training with the same local compute."""
+"""The quickstart's one part: FedAvg-LoRA Bradley–Terry reward modelling over clients holding preference pairs
+(HH-RLHF harmless pairs split by topic, or the user's JSONL split by user or domain), against local-only and
+centralised training with the same local compute."""
 
 from __future__ import annotations
 
@@ -13,17 +14,9 @@ import numpy as np
 import torch
 
 from collabalign.claims import non_inferiority, superiority
-from collabalign.data import (
-    PreferenceSet,
-    attribute_labels,
-    dirichlet,
-    label_skew,
-    load_hh_rlhf,
-    shared_data_dir,
-    tiny_preferences,
-)
-from collabalign.data.hh_rlhf import HH_FILE
-from collabalign.experiments.quickstart.config import Config, DataConfig
+from collabalign.data import PreferenceSet, dirichlet, label_skew
+from collabalign.experiments.quickstart.config import Config, DataConfig, TrainConfig
+from collabalign.experiments.quickstart.data import preference_data, split_labels
 from collabalign.federation import simulate
 from collabalign.federation.aggregation import Aggregation, privacy_spent
 from collabalign.methods.fedavg import FedAvg, LocalOnly
@@ -42,24 +35,6 @@ NEAR_CENTRAL = non_inferiority(
     "centralised training's on the same pairs (one-sided), paired over seeds", margin=3.0)
 
 
-def load_pairs(cfg: DataConfig, notes: list[str]) -> PreferenceSet:
-    """HH-RLHF harmless pairs from the shared data (invalid rows dropped and counted), or the synthetic set."""
-    root = shared_data_dir()
-    if cfg.source == "hh-rlhf" and root is not None and (root / HH_FILE).exists():
-        data = load_hh_rlhf(root / HH_FILE, drop_invalid=True)
-        notes.append(f"Data: {len(data)} valid pairs from {HH_FILE}; dropped rows: {data.dropped or 'none'}.")
-    else:
-        if cfg.source == "hh-rlhf":
-            msg = "shared HH-RLHF data not found (../shared/data or $COLLABALIGN_DATA): running on synthetic pairs"
-            print(f"quickstart: {msg}", file=sys.stderr)
-            notes.append(f"**Fallback:** {msg}; numbers below are not HH-RLHF results.")
-        data = tiny_preferences(cfg.synthetic_pairs, Seeds(0).numpy("synthetic-data"))
-        notes.append(f"Data: {len(data)} synthetic polite-vs-rude pairs (tiny_preferences).")
-    if cfg.max_pairs is not None:
-        data = PreferenceSet(data.pairs[: cfg.max_pairs], data.dropped, data.source)
-    return data
-
-
 @dataclass
 class Setup:
     """What every seed shares: the pairs, the labels the clients are split by, the LoRA reward model and tokenizer."""
@@ -73,17 +48,19 @@ class Setup:
     def encode(self, cfg: DataConfig, rows: Sequence[int] | None = None) -> EncodedPairs:
         """The pairs `rows` (default: all) tokenised and run through the frozen blocks, in one encoding."""
         pairs = self.pairs.pairs if rows is None else [self.pairs.pairs[i] for i in rows]
-        return encode_pairs(self.model, self.tokenizer, pairs, cfg.max_length, self.split)
+        return encode_pairs(self.model, self.tokenizer, pairs, max_length=cfg.max_length, split=self.split)
 
 
 def prepare(cfg: Config, notes: list[str]) -> Setup:
     """The pairs and their split labels (a bad attribute name fails here, before any work), and the model."""
-    pairs = load_pairs(cfg.data, notes)
-    labels = np.array(attribute_labels(pairs, cfg.split.attribute))
+    pairs = preference_data(cfg, notes)
+    labels = split_labels(pairs, cfg.split.attribute)
     backbone = load_backbone(cfg.model.backbone)
     model = RewardModel(backbone.model, backbone.causal)
-    split = lora_top_blocks(model, cfg.model.lora_blocks, cfg.model.targets, cfg.model.rank, cfg.model.alpha)
-    return Setup(pairs, labels, model.to(cfg.model.device), backbone.tokenizer, split)
+    model_cfg = cfg.model
+    split = lora_top_blocks(model, model_cfg.lora_blocks, targets=model_cfg.targets, rank=model_cfg.rank,
+                            alpha=model_cfg.alpha)
+    return Setup(pairs, labels, model.to(model_cfg.device), backbone.tokenizer, split)
 
 
 def seed_split(cfg: Config, labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -92,8 +69,9 @@ def seed_split(cfg: Config, labels: np.ndarray, seed: int) -> tuple[np.ndarray, 
     perm = Seeds(seed).numpy("test-split").permutation(len(labels))
     n_test = int(round(cfg.data.test_fraction * len(labels)))
     test_idx, train_idx = np.sort(perm[:n_test]), np.sort(perm[n_test:])
-    parts = dirichlet(labels[train_idx], cfg.split.clients, cfg.split.alpha, Seeds(seed).numpy("partition"),
-                      cfg.split.min_pairs)
+    split = cfg.split
+    parts = dirichlet(labels[train_idx], split.clients, split.alpha, rng=Seeds(seed).numpy("partition"),
+                      min_size=split.min_pairs)
     return test_idx, train_idx, dict(zip(client_ids(cfg), parts, strict=True))
 
 
@@ -102,8 +80,9 @@ def client_ids(cfg: Config) -> list[str]:
     return [f"client{i}" for i in range(cfg.split.clients)]
 
 
-def reward_trainer(cfg: Config, setup: Setup, test: EncodedPairs) -> RewardTrainer:
-    return RewardTrainer(setup.model, test, cfg.train.lr, cfg.train.local_epochs, cfg.train.batch_size)
+def reward_trainer(train: TrainConfig, setup: Setup, test: EncodedPairs) -> RewardTrainer:
+    """The Bradley–Terry trainer every method shares, scoring the held-out pairs `test`."""
+    return RewardTrainer(setup.model, test, lr=train.lr, epochs=train.local_epochs, batch_size=train.batch_size)
 
 
 def federated_job(cfg: Config, seed: int, own: Sequence[str] | None = None) -> tuple[FedAvg, dict[str, EncodedPairs]]:
@@ -121,7 +100,7 @@ def federated_job(cfg: Config, seed: int, own: Sequence[str] | None = None) -> t
         if unknown := sorted(set(own) - set(shares)):
             raise ValueError(f"unknown client(s) {unknown}: this job has {', '.join(shares)}")
         test, clients = setup.encode(cfg.data, test_idx), {c: setup.encode(cfg.data, train_idx[shares[c]]) for c in own}
-    return FedAvg(reward_trainer(cfg, setup, test), server_rule(cfg.aggregation, seed)), clients
+    return FedAvg(reward_trainer(cfg.train, setup, test), server_rule(cfg.aggregation, seed)), clients
 
 
 def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part:
@@ -145,7 +124,7 @@ def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part
                           "client_pairs": [len(p) for p in parts],
                           "label_skew_tv": round(label_skew(parts, labels[train_idx]), 4),
                           "shorter_reply_accuracy": float(shorter[test_idx].mean())})
-        trainer = reward_trainer(cfg, setup, encoded[test_idx])
+        trainer = reward_trainer(cfg.train, setup, encoded[test_idx])
         runs = {"fedavg-lora": (FedAvg(trainer, server_rule(cfg.aggregation, seed)), clients, 1),
                 "local-only": (LocalOnly(trainer), clients, cfg.train.local_only_eval_every),
                 "centralised": (FedAvg(trainer), {"central": encoded[train_idx]}, 1)}
@@ -170,8 +149,9 @@ def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part
                        "attribute": cfg.split.attribute, "alpha": cfg.split.alpha, "per_seed": data_info}
     metrics["bytes_per_round_fedavg"] = ledgers["fedavg-lora"].total() // cfg.train.rounds
     if cfg.aggregation.privacy is not None:  # every client takes part in every round
-        metrics["privacy"] = {"epsilon": privacy_spent(cfg.aggregation.privacy, cfg.split.clients, cfg.split.clients,
-                                                       cfg.train.rounds), "delta": cfg.aggregation.privacy.delta}
+        dp = cfg.aggregation.privacy
+        epsilon = privacy_spent(dp, n_clients=cfg.split.clients, per_round=cfg.split.clients, rounds=cfg.train.rounds)
+        metrics["privacy"] = {"epsilon": epsilon, "delta": dp.delta}
     metrics["seconds"] = {"features": round(feature_s, 2), **times}
     notes.append(f"Clients: {cfg.split.clients}, Dirichlet(alpha={cfg.split.alpha}) over the `{cfg.split.attribute}` "
                  f"attribute; {cfg.model.backbone} with rank-{cfg.model.rank} LoRA on {cfg.model.targets} of the top "

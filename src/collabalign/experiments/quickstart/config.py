@@ -4,24 +4,35 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from collabalign.config import Grid, Strict
 from collabalign.federation.aggregation import Aggregation
 from collabalign.federation.engine import EngineOptions
 
+JSONL_SPLITS = ("user", "domain")  # the grouping fields of a preference-pairs JSONL (data/formats.py)
+
 
 class DataConfig(Strict):
-    source: Literal["hh-rlhf", "synthetic"] = "hh-rlhf"
+    source: Literal["hh-rlhf", "synthetic", "jsonl"] = "hh-rlhf"
+    path: str | None = None  # jsonl: a preference-pairs file (data/formats.py), its rows split by split.attribute
     max_pairs: PositiveInt | None = None  # the first N valid pairs of the file
     synthetic_pairs: PositiveInt = 400
     test_fraction: float = Field(0.2, gt=0, lt=1)
     max_length: PositiveInt = 64  # tokens per prompt+reply text, truncated from the left (the reply is kept)
 
+    @model_validator(mode="after")
+    def _path_with_jsonl(self) -> DataConfig:
+        if self.source == "jsonl" and self.path is None:
+            raise ValueError("data.source jsonl needs data.path, a preference-pairs JSONL file")
+        if self.source != "jsonl" and self.path is not None:
+            raise ValueError(f"data.path is read with data.source jsonl only (here: {self.source})")
+        return self
+
 
 class SplitConfig(Strict):
     clients: PositiveInt = 8
-    attribute: str = "topic"  # a text attribute of each pair (HH-RLHF: keyword topic of the human turns)
+    attribute: str = "topic"  # the pairs' split key (HH-RLHF: keyword topic of the human turns; JSONL: user or domain)
     alpha: PositiveFloat = 0.5
     min_pairs: NonNegativeInt = 16
 
@@ -51,3 +62,10 @@ class Config(Strict):
     train: TrainConfig = TrainConfig()
     engine: EngineOptions = EngineOptions()  # fault handling and the engine (simulator or Flower) of every run
     aggregation: Aggregation = Aggregation()  # FedAvg-LoRA's server rule: mean, a robust rule, or client-level DP
+
+    @model_validator(mode="after")
+    def _jsonl_split(self) -> Config:
+        if self.data.source == "jsonl" and self.split.attribute not in JSONL_SPLITS:
+            raise ValueError(f"split.attribute = {self.split.attribute!r}: a JSONL's pairs split by one of "
+                             f"{', '.join(JSONL_SPLITS)}")
+        return self
