@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from collabalign.cli import CONFIG_DIR, main
 from collabalign.experiments.meta_reward import sentiment
-from collabalign.experiments.meta_reward.sentiment_setup import Cell, SentimentConfig
+from collabalign.experiments.meta_reward.sentiment_config import SentimentConfig
 from tests.data.helpers import SHARED
 
 TINY = ["sentiment.domains=[books,kitchen]", "sentiment.held_out=[kitchen]", "sentiment.seeds=3",
@@ -48,7 +48,7 @@ def test_every_claim_is_decided_under_both_protocols_and_cells_are_cached(tmp_pa
     for name in ("sentiment_judge.png", "sentiment_beta.png", "sentiment_apl.png"):
         assert (out / "plots" / name).exists()
     first = (out / "summary.json").read_text()
-    monkeypatch.setattr(Cell, "run", lambda self: pytest.fail("a cached cell was run again"))
+    monkeypatch.setattr(sentiment, "run_cell", lambda *args: pytest.fail("a cached cell was run again"))
     assert main(args) == 0
     assert json.loads((out / "summary.json").read_text())["claims"] == json.loads(first)["claims"]
     assert main([*args[:-3], "sentiment.outer_lr=0.1", *args[-3:]]) == 2  # another config: refused without --force

@@ -79,6 +79,19 @@ def test_world_is_deterministic_per_seed(world):
     assert not torch.equal(world.fine.F[0], world.fine.F[1])
 
 
+def test_the_block_size_sets_the_feature_length_of_every_stage():
+    st = BanditSettings(block=2, sft_prompts=12, pl_prompts=10, val_prompts=6, test_prompts=10, sft_steps=5,
+                        inner_batch=8, inner_steps=2, outer_steps=2, eval_every=1, outer_batch=4)
+    small = BanditWorld.generate(rngs(1), st)
+    assert small.features == 6 and small.fine.F.shape[-1] == 6 and small.u_star[0, 2:].abs().sum() == 0
+    theta = sft(small, st)
+    assert theta.shape == (1, 2, 5, 6)
+    rows = Rows.grid([0], [0, 1], [1.0], st.n_dom)
+    meta = meta_train(small, theta, rows, st, torch.Generator().manual_seed(0))
+    assert meta.phi.shape == (1, 2, 6) and torch.isfinite(meta.phi).all()
+    assert fit_bt(small, torch.tensor([0]), st).shape == (1, 1, 6)
+
+
 def test_sft_data_lean_to_worse_responses_so_sft_is_below_chance(world, theta_sft):
     rows = Rows.grid([0, 1, 2, 3], [0], [1.0], 4)
     assert sft_apl(world, theta_sft, rows).mean() < 0.5

@@ -1,9 +1,10 @@
-"""The sentiment task (paper §5.1, Figs. 2-4) at CPU scale: leave one Amazon domain out, every method on a SmolLM2
-policy, scored by held-out A_PL (Eq. 26), by a judge trained only on the held-out domain's labelled reviews (median
-P(positive) of generations at four temperatures, three repetitions: Fig. 3) and by the win rate against each
-prompt's preferred review. Two β protocols: one shared β for every method that has one, and β tuned per method on
-the training domains' validation pairs. Claims are declared below, before the cells run; seeds are the replicates,
-held-out domains the cells of "in every domain" claims."""
+"""The sentiment task (paper §5.1, Figs. 2-4) at CPU scale: leave one Amazon domain (or one domain of the user's JSONL
+pairs) out, every method on a SmolLM2 policy, scored by held-out A_PL (Eq. 26), by a judge trained only on the
+held-out domain's labelled reviews (JSONL: its chosen and rejected replies) (median P(positive) of generations at four
+temperatures, three repetitions: Fig. 3) and by the win rate against each prompt's preferred review. Two β
+protocols: one shared β for every method that has one, and β tuned per method on the training domains' validation
+pairs. Claims are declared below, before the cells run; seeds are the replicates, held-out domains the cells of "in
+every domain" claims."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ import numpy as np
 
 from collabalign import claims
 from collabalign.experiments.meta_reward import plots
-from collabalign.experiments.meta_reward.sentiment_setup import BETA_METHODS, Cell, SentimentConfig, build, fingerprint
+from collabalign.experiments.meta_reward.sentiment_cell import run_cell
+from collabalign.experiments.meta_reward.sentiment_config import BETA_METHODS, SentimentConfig
+from collabalign.experiments.meta_reward.sentiment_setup import Setup, build, fingerprint
 from collabalign.runs import Part, RunDir, cached_json
 from collabalign.seeding import Seeds
 
@@ -60,16 +63,16 @@ def not_run_part(reason: str) -> Part:
     return Part([claims.not_run(c, reason) for c in CLAIMS], notes=[f"Sentiment task not run: {reason}."])
 
 
-def cached_cell(setup, held_out: str, replicate: int, seeds: Seeds, folder: Path, progress: bool) -> dict:
+def cached_cell(setup: Setup, held_out: str, replicate: int, seeds: Seeds, folder: Path, progress: bool) -> dict:
     """One (held-out domain, seed) cell, read from `folder` when it finished there with the same settings."""
     seed = seeds.entropy("meta_reward/replicate", replicate) % 2**31
 
     def compute() -> dict:
         start = time.perf_counter()
-        out = Cell(setup, held_out, seed, progress).run()
+        out = run_cell(setup, held_out, seed, progress)
         return out | {"seconds": time.perf_counter() - start, "replicate": replicate}
 
-    return cached_json(folder / f"{held_out}-seed{replicate}.json", fingerprint(setup.cfg, seed), compute)
+    return cached_json(folder / f"{held_out}-seed{replicate}.json", fingerprint(setup, seed), compute)
 
 
 def policy_key(cell: dict, method: str, protocol: str, beta: float) -> str:
@@ -139,7 +142,7 @@ def sweep(cfg: SentimentConfig, cells: dict) -> dict:
                                                         for i, b in enumerate(grid)})
 
 
-def part(cfg: SentimentConfig, root: Path, seeds: Seeds, run_dir: RunDir, progress: bool) -> Part:
+def part(cfg: SentimentConfig, root: Path | None, seeds: Seeds, run_dir: RunDir, progress: bool) -> Part:
     """Every (held-out domain, seed) cell (cached in run_dir/meta_reward_cells), then both protocols' claims."""
     start = time.perf_counter()
     setup = build(cfg, root, seeds.seed, run_dir.path / "meta_reward_cache", progress)
