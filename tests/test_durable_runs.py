@@ -31,8 +31,8 @@ def cli(*args: str, env: dict) -> subprocess.Popen:
 
 
 def outputs(run: Path) -> dict[str, bytes]:
-    files = [run / "metrics.jsonl", *sorted((run / "adapters").glob("*.safetensors"))]
-    return {p.name: p.read_bytes() for p in files}
+    files = [run / "metrics.jsonl", *sorted((run / "adapters").rglob("*.safetensors"))]
+    return {str(p.relative_to(run)): p.read_bytes() for p in files}
 
 
 def test_kill_9_then_resume_ends_byte_identical_to_an_uninterrupted_run(tmp_path, env):
@@ -55,7 +55,8 @@ def test_kill_9_then_resume_ends_byte_identical_to_an_uninterrupted_run(tmp_path
     assert json.loads((killed / "status.json").read_text())["status"] == "finished"
     assert cli("run", quick, *TINY, "train.rounds=8", "--out", str(whole), "--no-progress", env=env).wait() == 0
     got, expected = outputs(killed), outputs(whole)
-    assert set(got) == {"metrics.jsonl", "centralised-seed0.safetensors", "fedavg-lora-seed0.safetensors"}
+    assert set(got) == {"metrics.jsonl", *(f"adapters/{m}-seed0/{f}.safetensors" for m in ("centralised", "fedavg-lora")
+                                            for f in ("adapter_model", "head"))}
     assert got == expected
 
 

@@ -182,12 +182,6 @@ class RunDir:
                                                                int(row["bytes"]))
         return out
 
-    def write_arrays(self, name: str, arrays: dict[str, Any]) -> None:
-        """A safetensors file of named numpy arrays (e.g. final adapters), written atomically."""
-        from safetensors.numpy import save
-
-        atomic_write_bytes(self.path / name, save(dict(arrays)))
-
     def write_json(self, name: str, data: Any) -> None:
         atomic_write_text(self.path / name, json.dumps(data, indent=2, sort_keys=True))
 

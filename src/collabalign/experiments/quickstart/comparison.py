@@ -24,6 +24,7 @@ from collabalign.methods.reward_trainer import EncodedPairs, RewardTrainer, enco
 from collabalign.models.backbones import load_backbone
 from collabalign.models.cached import lora_top_blocks
 from collabalign.models.reward import RewardModel, pair_correct
+from collabalign.models.saved import base_prefix, pooled_adapter
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 
@@ -44,6 +45,7 @@ class Setup:
     model: RewardModel
     tokenizer: Any
     split: int  # blocks below the LoRA blocks, run once as cached features
+    prefix: str  # where the LoRA layers sit in the base model a PEFT user loads (`models.saved.base_prefix`)
 
     def encode(self, cfg: DataConfig, rows: Sequence[int] | None = None) -> EncodedPairs:
         """The pairs `rows` (default: all) tokenised and run through the frozen blocks, in one encoding."""
@@ -60,7 +62,7 @@ def prepare(cfg: Config, notes: list[str]) -> Setup:
     model_cfg = cfg.model
     split = lora_top_blocks(model, model_cfg.lora_blocks, targets=model_cfg.targets, rank=model_cfg.rank,
                             alpha=model_cfg.alpha)
-    return Setup(pairs, labels, model.to(model_cfg.device), backbone.tokenizer, split)
+    return Setup(pairs, labels, model.to(model_cfg.device), backbone.tokenizer, split, base_prefix(backbone.model))
 
 
 def seed_split(cfg: Config, labels: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray, dict[str, np.ndarray]]:
@@ -138,7 +140,9 @@ def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part
                 finals[method, seed] = torch.tensor(result.metrics[-1]["accuracy"])  # models live (also on Flower)
             else:
                 finals[method, seed] = pair_correct(*trainer.test_rewards(result.state))
-                run_dir.write_arrays(f"adapters/{method}-seed{seed}.safetensors", result.state)
+                trainer.load(result.state)  # the global model, saved as a PEFT folder with its score head
+                pooled_adapter(setup.model, setup.prefix, cfg.model.backbone).save(
+                    run_dir.path / "adapters" / f"{method}-seed{seed}")
             if seed == cfg.seeds[0] and method != "centralised":
                 ledgers[method] = result.ledger
     run_dir.write_ledgers(ledgers)
