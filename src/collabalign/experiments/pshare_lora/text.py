@@ -21,6 +21,7 @@ from collabalign.data.attribute_labelers import AttributePairs, calibrate_beta, 
 from collabalign.data.errors import DataError
 from collabalign.data.formats import file_hash, load_pairs
 from collabalign.data.hh_pairs import hh_pairs, hh_texts
+from collabalign.data.hh_rlhf import HH_FILE
 from collabalign.data.paths import shared_data_dir
 from collabalign.data.tldr import load_tldr_users
 from collabalign.data.tldr_like import generate
@@ -39,7 +40,6 @@ from collabalign.runs import Part, RunDir, cached_json, fingerprint
 from collabalign.seeding import Seeds
 
 SOURCE_NAMES = {"tldr_like": "TL;DR-like", "hh": "HH-RLHF", "tldr": "Reddit TL;DR", "jsonl": "JSONL pairs"}
-HH_FILE = "hh-rlhf/harmless-base-test.jsonl.gz"
 TEXT_SELECTION = {"run", "seeds", "sources", "methods", "lr_grid"}  # which fits run (each fit's lr: its name)
 LEARNED = superiority(
     "the source is learned: LoRA-global above chance and above the frozen backbone with a trained head",
