@@ -177,3 +177,26 @@ def test_record_is_json_ready():
     json.dumps(rec, allow_nan=False)
     for key in ("rule", "n", "estimate", "interval", "margin", "post_hoc"):
         assert key in rec
+
+
+# Ratio x1.6 between the declared x1.5 margin (log 0.405) and exp(0.5) = x1.65 (log 0.5): the verdict tells
+# whether the margin 0.5 was applied as log(1.5) or raw on the log scale.
+BASE = np.array([1.0, 2.0, 4.0, 3.0, 5.0])
+NEAR_X16 = np.array([1.59, 1.595, 1.6, 1.605, 1.61])
+SPREAD = np.exp([-0.05, 0.05, 0.2, 0.35, 0.45])  # interval of the ratio about [0.946, 1.578]
+
+
+@pytest.mark.parametrize(("claim", "ratios", "verdict"), [
+    (non_inferiority("x1.5 worse at most", "", margin=0.5, scale="ratio", lower_is_better=True), NEAR_X16,
+     "not reproduced"),
+    (equivalence("within x1.5", "", margin=0.5, scale="ratio"), NEAR_X16, "not reproduced"),
+    (superiority("x1.5 faster", "", smallest_effect=0.5, scale="ratio"), SPREAD, "inconclusive"),
+])
+def test_a_ratio_margin_is_a_factor_not_a_log_difference(claim, ratios, verdict):
+    assert claim.decide(ratios * BASE, BASE)["verdict"] == verdict
+
+
+def test_a_ratio_margin_is_a_factor_in_every_cell_too():
+    c = non_inferiority("x1.5 worse at most", "", margin=0.5, scale="ratio", lower_is_better=True)
+    rec = c.decide_cells({"a": (NEAR_X16 * BASE, BASE), "b": (NEAR_X16[::-1] * BASE, BASE)})
+    assert rec["verdict"] == "not reproduced" and rec["holm"]["refuted"] == 2 and rec["margin"] == 0.5
