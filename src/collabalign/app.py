@@ -28,6 +28,7 @@ from collabalign.experiments.quickstart.config import Config
 from collabalign.federation import flower
 from collabalign.federation.engine import EngineOptions
 from collabalign.federation.protocol import Algorithm, ClientContext
+from collabalign.runs import metric_line
 
 QUICK_CONFIG = Path(__file__).parent / "configs" / "quickstart" / "quick.yaml"
 METHODS = ("fedavg-lora",)
@@ -67,7 +68,7 @@ def main(grid: Grid, context: Context) -> None:
 
     def append(round_: int, record: dict[str, Any]) -> None:
         with metrics.open("a", encoding="utf-8") as f:
-            f.write(json.dumps(record, sort_keys=True) + "\n")
+            f.write(metric_line(record) + "\n")
 
     clients = {cid: ClientContext(cid, None) for cid in client_ids(cfg)}
     result = flower.serve(grid, algorithm, clients, cfg.train.rounds, seed, options=engine_options(context.run_config),

@@ -12,18 +12,19 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
-from typing import Any
+from typing import Any, NoReturn
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from collabalign.artifacts import ArtifactError
 from collabalign.comm import MessageError
-from collabalign.config import ConfigError, apply_overrides, field_problems, read_yaml, validate
+from collabalign.config import ConfigError, apply_overrides, cut, field_problems, read_yaml, short, validate
 from collabalign.data.errors import DataError
 from collabalign.experiments import EXPERIMENTS
+from collabalign.federation.checkpoint import CheckpointError
 from collabalign.federation.engine import RoundFailed
 from collabalign.report import summarise_reports, write_report
-from collabalign.runs import RunDir
+from collabalign.runs import RunDir, locked_folder
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # each method's entry point: (module, config class, train function); the data file's format is the method's
@@ -36,12 +37,13 @@ TRAINERS = {
     "affpcl": ("collabalign.methods.affpcl.entry", "AffPCLConfig", "train_affpcl"),
 }
 # one line and exit code 2, never a traceback
-USER_ERRORS = (ArtifactError, ConfigError, DataError, MessageError, ValidationError)
+USER_ERRORS = (ArtifactError, CheckpointError, ConfigError, DataError, MessageError, ValidationError)
+MAX_ERROR_CHARS = 1000  # an error line is cut to this length
 
 
 def _experiment(name: str) -> ModuleType:
     if name not in EXPERIMENTS:
-        raise ConfigError(f"unknown experiment {name!r}; known: {', '.join(sorted(EXPERIMENTS))}")
+        raise ConfigError(f"unknown experiment {short(name)}; known: {', '.join(sorted(EXPERIMENTS))}")
     return importlib.import_module(EXPERIMENTS[name])
 
 
@@ -50,12 +52,32 @@ def load_config(path: Path, overrides: list[str] = ()) -> tuple[str, ModuleType,
     data = apply_overrides(read_yaml(path), list(overrides))
     name = data.pop("experiment", None)
     if not isinstance(name, str):
-        raise ConfigError(f"{path}: experiment = {name!r}: must be one of {', '.join(sorted(EXPERIMENTS))}")
+        raise ConfigError(f"{path}: experiment = {short(name)}: must be one of {', '.join(sorted(EXPERIMENTS))}")
     smoke = data.pop("smoke", False)  # a quick config: its report says it is a low-power smoke run
     if not isinstance(smoke, bool):
-        raise ConfigError(f"{path}: smoke = {smoke!r}: must be true or false")
+        raise ConfigError(f"{path}: smoke = {short(smoke)}: must be true or false")
     module = _experiment(name)
     return name, module, validate(module.Config, data, str(path)), smoke
+
+
+def check_devices(cfg: BaseModel, prefix: str = "") -> None:
+    """A ConfigError unless every `device` setting of `cfg` names a device torch knows and this machine has."""
+    import torch
+
+    for key, value in cfg:
+        if isinstance(value, BaseModel):
+            check_devices(value, f"{prefix}{key}.")
+        elif key == "device" and isinstance(value, str):
+            try:
+                device = torch.device(value)
+            except RuntimeError:
+                raise ConfigError(f"{prefix}{key} = {short(value)}: not a torch device (cpu, cuda, cuda:N, mps, "
+                                  "meta)") from None
+            if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+                raise ConfigError(f"{prefix}{key} = {short(value)}: this machine has {torch.cuda.device_count()} "
+                                  "CUDA device(s); use cpu")
+            if device.type == "mps" and not torch.backends.mps.is_available():
+                raise ConfigError(f"{prefix}{key} = {short(value)}: MPS is not available here; use cpu")
 
 
 def run_config(path: Path, overrides: list[str], out: Path | None, progress: bool = True, force: bool = False) -> Path:
@@ -65,20 +87,21 @@ def run_config(path: Path, overrides: list[str], out: Path | None, progress: boo
     one holding anything else is refused unless `force`, which also drops its stale checkpoints."""
     path = resolve_config(path)
     name, module, cfg, smoke = load_config(path, overrides)
+    check_devices(cfg)
     config = {"experiment": name, "smoke": smoke, **cfg.model_dump(mode="json")}
     target = out or Path("runs") / f"{name}-{path.stem}"
-    _claim_folder(target, config, force)
-    run = RunDir(target)
-    run.write_config(config)
-    return _execute(run, name, module, cfg, progress)
+    with locked_folder(target):
+        _claim_folder(target, config, force)
+        run = RunDir(target)
+        run.read_status()  # an unreadable status.json is refused before anything is written
+        run.write_config(config)
+        return _execute(run, name, module, cfg, progress)
 
 
 def _claim_folder(target: Path, config: dict[str, Any], force: bool) -> None:
-    if not target.exists() or not any(target.iterdir()):
+    if not any(target.iterdir()):
         return
-    if not target.is_dir():
-        raise ConfigError(f"{target}: not a directory")
-    if RunDir(target).read_config() == config:
+    if RunDir(target, create=False).read_config() == config:
         return
     if not force:
         raise ConfigError(f"{target}: holds other files or a run of a different config; choose another --out, "
@@ -87,12 +110,20 @@ def _claim_folder(target: Path, config: dict[str, Any], force: bool) -> None:
 
 
 def _execute(run: RunDir, name: str, module: ModuleType, cfg: Any, progress: bool) -> Path:
-    """Runs the experiment in `run` with its status file kept current (a crash leaves 'failed' and the error)."""
+    """Runs the experiment in `run` with its status file kept current: a crash leaves 'failed' and the error; a user
+    error (bad data, unreadable checkpoint) leaves the status the folder had, or 'failed' in a new folder."""
+    saved = run.saved_status()
     run.write_status("running")
     start = time.perf_counter()
     try:
         with run.active():
             module.run(cfg, run, progress)
+    except USER_ERRORS as err:
+        if saved is not None:
+            run.restore_status(saved)
+        else:
+            run.write_status("failed", error_line(err))
+        raise
     except BaseException as err:
         run.write_status("failed", f"{type(err).__name__}: {err}".splitlines()[0])
         if isinstance(err, RoundFailed):
@@ -106,26 +137,28 @@ def _execute(run: RunDir, name: str, module: ModuleType, cfg: Any, progress: boo
 
 def resume(run_dir: Path, progress: bool = True) -> Path:
     """Continues the run in `run_dir` from its config snapshot and checkpoints (see `RunDir.next_checkpoint`)."""
-    run = RunDir(run_dir) if (run_dir / "config.yaml").exists() else None
-    if run is None:
+    if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-    config = run.read_config()
-    name = config.pop("experiment", None)
-    smoke = config.pop("smoke", False)
-    module = _experiment(str(name))
-    cfg = validate(module.Config, config, str(run_dir / "config.yaml"))
-    if run.read_status().get("status") == "finished":
-        print(f"{run_dir}: already finished", file=sys.stderr)
-        return write_report(run.path, module.TITLE)
-    run.write_config({"experiment": name, "smoke": smoke, **cfg.model_dump(mode="json")})
-    return _execute(run, str(name), module, cfg, progress)
+    with locked_folder(run_dir):
+        run = RunDir(run_dir)
+        config = run.read_config()
+        name = config.pop("experiment", None)
+        smoke = config.pop("smoke", False)
+        module = _experiment(str(name))
+        cfg = validate(module.Config, config, str(run_dir / "config.yaml"))
+        check_devices(cfg)
+        if run.read_status().get("status") == "finished":
+            print(f"{run_dir}: already finished", file=sys.stderr)
+            return write_report(run.path, module.TITLE)
+        run.write_config({"experiment": name, "smoke": smoke, **cfg.model_dump(mode="json")})
+        return _execute(run, str(name), module, cfg, progress)
 
 
 def report(folder: Path) -> Path:
     """Rewrites report.md of a run folder (finished, failed or killed), or of every run below a `reproduce` folder
     and its index."""
     if (folder / "config.yaml").exists():
-        name = RunDir(folder).read_config().get("experiment")
+        name = RunDir(folder, create=False).read_config().get("experiment")
         return write_report(folder, _experiment(name).TITLE if name in EXPERIMENTS else "")
     runs = sorted(p.parent for p in folder.glob("*/config.yaml")) if folder.is_dir() else []
     if not runs:
@@ -155,9 +188,9 @@ def config_path(name: str, quick: bool) -> Path:
 def error_line(err: Exception) -> str:
     """A user error in one line, 'file: field: problem'; a multi-line message's lines are joined with '; '."""
     if isinstance(err, ValidationError):
-        return f"{err.title}: invalid value(s): " + "; ".join(field_problems(err))
+        return cut(f"{err.title}: invalid value(s): " + "; ".join(field_problems(err)), MAX_ERROR_CHARS)
     head, *rest = [line.strip() for line in str(err).splitlines() if line.strip()] or [type(err).__name__]
-    return head + (": " + "; ".join(rest) if rest else "")
+    return cut(head + (": " + "; ".join(rest) if rest else ""), MAX_ERROR_CHARS)
 
 
 def train(method: str, data: Path, config: Path | None, overrides: list[str], out: Path, progress: bool) -> Path:
@@ -169,6 +202,7 @@ def train(method: str, data: Path, config: Path | None, overrides: list[str], ou
     module = importlib.import_module(module_name)
     values = apply_overrides(read_yaml(config) if config is not None else {}, overrides)
     cfg = validate(getattr(module, config_name), values, str(config or "overrides"))
+    check_devices(cfg)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"{out}: exists and is not an empty folder; choose another --out")
     result = getattr(module, function)(cfg, data, progress=progress)
@@ -204,8 +238,15 @@ def generate(run: Path, prompts: list[str], adapter: str | None, max_new_tokens:
         print(text)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its usage errors as one line, like every other user error (exit code 2)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {cut(' '.join(message.splitlines()), MAX_ERROR_CHARS)} (see `{self.prog} --help`)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="collabalign", description=__doc__)
+    parser = _Parser(prog="collabalign", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     p_run = sub.add_parser("run", help="run one experiment config")
     p_run.add_argument("config", type=Path, help="a YAML file, or a name from `collabalign list`")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import reprlib
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -11,6 +12,13 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PositiveFloat
 
 T = TypeVar("T")
 M = TypeVar("M", bound=BaseModel)
+
+MAX_CONFIG_BYTES = 1_000_000  # a config file larger than this is refused before it is parsed
+MAX_OVERRIDE_CHARS = 10_000  # likewise one `a.b=value` override
+MAX_VALUE_CHARS = 80  # a value shown in an error line is cut to this length
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxstring, _SHORT.maxother = 3, MAX_VALUE_CHARS, MAX_VALUE_CHARS
+_SHORT.maxlist = _SHORT.maxtuple = _SHORT.maxdict = _SHORT.maxset = 8
 
 
 class ConfigError(ValueError):
@@ -23,12 +31,42 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
+def cut(text: str, limit: int = MAX_VALUE_CHARS) -> str:
+    """`text`, or its first `limit` - 3 characters and '...'."""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def short(value: Any) -> str:
+    """`repr(value)` cut to a readable length, without building the whole repr of a huge value."""
+    return cut(_SHORT.repr(value))
+
+
 def _distinct(items: list[T]) -> list[T]:
     """`items` unchanged, or a ValueError naming the repeated values (a repeat would be counted twice)."""
-    repeated = [x for i, x in enumerate(items) if x in items[:i]]
+    seen: set[T] = set()
+    repeated = []
+    for x in items:
+        if x in seen:
+            repeated.append(x)
+        seen.add(x)
     if repeated:
-        raise ValueError(f"repeated value(s) {repeated}: each may appear once")
+        raise ValueError(f"repeated value(s) {short(repeated)}: each may appear once")
     return items
+
+
+class _NoAliases(yaml.SafeLoader):
+    """PyYAML's safe loader without aliases (`*name`): a few bytes of nested aliases expand to billions of values."""
+
+    def compose_node(self, parent: Any, index: Any) -> Any:
+        if self.check_event(yaml.AliasEvent):
+            raise yaml.composer.ComposerError(None, None, "aliases (*name) are not allowed in configs",
+                                              self.peek_event().start_mark)
+        return super().compose_node(parent, index)
+
+
+def _parse_yaml(text: str) -> Any:
+    """YAML text to Python values, refusing aliases."""
+    return yaml.load(text, Loader=_NoAliases)  # a SafeLoader: plain data only
 
 
 Distinct = Annotated[list[T], AfterValidator(_distinct)]  # a list of distinct values, possibly empty
@@ -51,15 +89,18 @@ class LoRASection(Strict):
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """'a.b=3' -> (['a', 'b'], 3); the value is parsed as YAML (numbers, bools, lists)."""
+    if len(text) > MAX_OVERRIDE_CHARS:
+        raise ConfigError(f"override {short(text)}: {len(text):,} characters; an override may have at most "
+                          f"{MAX_OVERRIDE_CHARS:,} (put large values in a config file)")
     if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like key.path=value")
+        raise ConfigError(f"override {short(text)} must look like key.path=value")
     key, raw = text.split("=", 1)
     if not key or any(not part for part in key.split(".")):
-        raise ConfigError(f"override {text!r} has an empty key part")
+        raise ConfigError(f"override {short(text)} has an empty key part")
     try:
-        value = yaml.safe_load(raw) if raw != "" else ""
+        value = _parse_yaml(raw) if raw != "" else ""
     except (yaml.YAMLError, RecursionError) as err:
-        raise ConfigError(f"override {key}: cannot parse value {raw!r}: {_yaml_problem(err)}") from None
+        raise ConfigError(f"override {cut(key)}: cannot parse value {short(raw)}: {_yaml_problem(err)}") from None
     return key.split("."), value
 
 
@@ -72,7 +113,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
         for part in path[:-1]:
             child = node.setdefault(part, {})
             if not isinstance(child, dict):
-                raise ConfigError(f"override {text!r}: {part!r} is a value ({child!r}), not a section")
+                raise ConfigError(f"override {short(text)}: {short(part)} is a value ({short(child)}), "
+                                  "not a section")
             node = child
         node[path[-1]] = value
     return out
@@ -80,7 +122,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def field_problems(err: ValidationError) -> list[str]:
     """One 'key = value: problem' line per failed field of a pydantic error."""
-    return [f"{'.'.join(str(p) for p in e['loc']) or '<root>'} = {e.get('input')!r}: {e['msg']}" for e in err.errors()]
+    return [f"{cut('.'.join(str(p) for p in e['loc'])) or '<root>'} = {short(e.get('input'))}: {e['msg']}"
+            for e in err.errors()]
 
 
 def validate(model: type[M], data: dict[str, Any], source: str = "config") -> M:
@@ -102,10 +145,14 @@ def _yaml_problem(err: Exception) -> str:
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
-    """A config file's top-level mapping; a missing, unreadable, non-UTF-8 or malformed file is a ConfigError."""
+    """A config file's top-level mapping; a missing, unreadable, too large, non-UTF-8 or malformed file, or one with
+    YAML aliases, is a ConfigError."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        if path.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: {path.stat().st_size:,} bytes; a config file may have at most "
+                              f"{MAX_CONFIG_BYTES:,}")
+        data = _parse_yaml(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except IsADirectoryError:

@@ -39,7 +39,8 @@ def plot_metric_per_round(records: list[dict[str, Any]], metric: str, path: Path
     for r in records:
         if metric in r and "round" in r:
             label = r.get("method", "run") + (f" ({r['group']})" if "group" in r else "")
-            series[label][r["round"]].append(float(r[metric]))
+            value = r[metric]  # null: a non-finite value (`runs.metric_line`), a gap in the line
+            series[label][r["round"]].append(float("nan") if value is None else float(value))
     if not series:
         return False
     lines = {label: (sorted(by_round), [sum(by_round[x]) / len(by_round[x]) for x in sorted(by_round)])

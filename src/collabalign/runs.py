@@ -4,8 +4,10 @@ plots/ and report.md. Every file is written atomically (temp file + rename)."""
 from __future__ import annotations
 
 import csv
+import fcntl
 import hashlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -22,6 +24,7 @@ from typing import Any
 import yaml
 
 from collabalign.comm import Ledger
+from collabalign.config import ConfigError, cut
 
 _UMASK = os.umask(0o022)
 os.umask(_UMASK)  # the process's umask, read once (os has no getter)
@@ -79,6 +82,26 @@ def environment() -> dict[str, Any]:
     return {"versions": versions, "git": git}
 
 
+def metric_line(record: dict[str, Any]) -> str:
+    """A metric record as one line of JSON, keys sorted. Valid JSON always: a non-finite float is written as null and
+    its key (dotted when nested) listed under ``nonfinite``; a record without one is written as it is."""
+    found: list[str] = []
+    nulled = _null_nonfinite(record, "", found)
+    return json.dumps(nulled | {"nonfinite": sorted(found)} if found else record, sort_keys=True)
+
+
+def _null_nonfinite(value: Any, path: str, found: list[str]) -> Any:
+    """`value` with every non-finite float replaced by None, the path of each appended to `found`."""
+    if isinstance(value, float) and not math.isfinite(value):
+        found.append(path)
+        return None
+    if isinstance(value, dict):
+        return {k: _null_nonfinite(v, f"{path}.{k}" if path else str(k), found) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_null_nonfinite(v, f"{path}.{i}", found) for i, v in enumerate(value)]
+    return value
+
+
 @dataclass
 class Part:
     """What one part of a reproduction adds to its run: claim records (from `claims.py`), metric records, summary
@@ -97,10 +120,12 @@ STATUSES = ("running", "finished", "failed")
 class RunDir:
     """One experiment's output folder."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, create: bool = True):
+        """The folder `path`, created with its plots/ unless `create` is false (to read a run without touching it)."""
         self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
-        (self.path / "plots").mkdir(exist_ok=True)
+        if create:
+            self.path.mkdir(parents=True, exist_ok=True)
+            (self.path / "plots").mkdir(exist_ok=True)
         self._calls = 0
 
     @contextmanager
@@ -127,8 +152,19 @@ class RunDir:
 
     def read_status(self) -> dict[str, Any]:
         """The run's status record ({} for a folder written before status files existed)."""
+        status = self._read("status.json", json.loads, {})
+        if not isinstance(status, dict):
+            raise ConfigError(f"{self.path / 'status.json'}: not a status record; restore or delete it")
+        return status
+
+    def saved_status(self) -> bytes | None:
+        """status.json's bytes (None when there is none), for `restore_status`."""
         path = self.path / "status.json"
-        return json.loads(path.read_text()) if path.exists() else {}
+        return path.read_bytes() if path.exists() else None
+
+    def restore_status(self, saved: bytes) -> None:
+        """status.json as `saved_status` read it."""
+        atomic_write_bytes(self.path / "status.json", saved)
 
     def write_config(self, config: dict[str, Any]) -> None:
         snapshot = {"config": config, "environment": environment()}
@@ -136,17 +172,31 @@ class RunDir:
 
     def read_config(self) -> dict[str, Any]:
         """The run's config as written by `write_config` ({} when there is none)."""
-        path = self.path / "config.yaml"
-        return yaml.safe_load(path.read_text())["config"] if path.exists() else {}
+        snapshot = self._read("config.yaml", yaml.safe_load, {"config": {}, "environment": None})
+        if not isinstance(snapshot, dict) or not isinstance(snapshot.get("config"), dict) \
+                or "environment" not in snapshot:  # written last: a file cut short lacks it
+            raise ConfigError(f"{self.path / 'config.yaml'}: not a whole run config (config and environment "
+                              "sections); restore or delete it")
+        return snapshot["config"]
+
+    def _read(self, name: str, parse: Callable[[str], Any], missing: Any) -> Any:
+        """The run file `name` parsed, `missing` when it does not exist; a ConfigError when it cannot be read."""
+        path = self.path / name
+        if not path.exists():
+            return missing
+        try:
+            return parse(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, yaml.YAMLError) as err:
+            problem = cut(" ".join(str(err).split()), 120)
+            raise ConfigError(f"{path}: unreadable ({problem}); restore or delete it") from None
 
     def write_metrics(self, records: list[dict[str, Any]]) -> None:
-        """metrics.jsonl: deterministic content only (no timings), so equal seeds give equal bytes."""
-        lines = [json.dumps(r, sort_keys=True) for r in records]
-        atomic_write_text(self.path / "metrics.jsonl", "".join(line + "\n" for line in lines))
+        """metrics.jsonl: deterministic content only (no timings), so equal seeds give equal bytes; valid JSON
+        (`metric_line`)."""
+        atomic_write_text(self.path / "metrics.jsonl", "".join(metric_line(r) + "\n" for r in records))
 
     def read_metrics(self) -> list[dict[str, Any]]:
-        text = (self.path / "metrics.jsonl").read_text()
-        return [json.loads(line) for line in text.splitlines() if line]
+        return self._read("metrics.jsonl", lambda text: [json.loads(line) for line in text.splitlines() if line], [])
 
     def write_summary(self, claims: list[dict[str, Any]], metrics: dict[str, Any], notes: list[str] | None = None,
                       plot_metrics: list[str] | None = None) -> None:
@@ -163,7 +213,7 @@ class RunDir:
                            notes=[n for part in parts for n in part.notes], plot_metrics=plot_metrics)
 
     def read_summary(self) -> dict[str, Any]:
-        return json.loads((self.path / "summary.json").read_text())
+        return self._read("summary.json", json.loads, {})
 
     def write_ledgers(self, ledgers: dict[str, Ledger]) -> None:
         """ledger.csv with a method column: every message of every method's run, in bytes."""
@@ -184,6 +234,51 @@ class RunDir:
 
     def write_json(self, name: str, data: Any) -> None:
         atomic_write_text(self.path / name, json.dumps(data, indent=2, sort_keys=True))
+
+
+@contextmanager
+def locked_folder(path: Path) -> Iterator[None]:
+    """Holds an exclusive lock on the run folder `path` (created when missing) for the block, so one process at a time
+    writes it. A second one is refused with a ConfigError and changes nothing; the OS releases the lock when its
+    holder exits, so the lock of a killed process is taken over. A file, or a folder that cannot be written, is a
+    ConfigError too."""
+    if path.exists() and not path.is_dir():
+        raise ConfigError(f"{path}: a file, not a folder; choose another --out")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot create or open the run folder ({err.strerror})") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(f"{path}: in use by {_lock_holder(path)}; wait for it to end, or choose another "
+                              "folder") from None
+        _check_writable(path)
+        yield
+    finally:
+        os.close(fd)
+
+
+def _check_writable(path: Path) -> None:
+    """A ConfigError unless a file can be created in the folder `path` (whatever the reason: mode, owner,
+    immutable flag, read-only file system)."""
+    try:
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError as err:
+        raise ConfigError(f"{path}: the run folder is not writable ({err.strerror})") from None
+
+
+def _lock_holder(path: Path) -> str:
+    """'process PID' of the process holding the lock on `path` where Linux's /proc/locks tells, else a vaguer name."""
+    inode = f":{path.stat().st_ino} "
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        lines = []
+    pids = [line.split()[4] for line in lines if "FLOCK" in line and inode in line]
+    return f"process {pids[0]}" if pids else "another process"
 
 
 def active_run() -> RunDir | None:

