@@ -5,6 +5,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from collabalign.config import ConfigError
 from collabalign.models.backbones import (
     SMOLLM2_GGUF,
     SMOLLM2_PACKAGE,
@@ -51,7 +52,7 @@ def test_load_backbone_reads_any_saved_model_directory(tmp_path):
 
 
 def test_load_backbone_rejects_a_missing_path(tmp_path):
-    with pytest.raises(OSError):
+    with pytest.raises(ConfigError, match="nothing-here': not found; a model is one of tiny-llama"):
         load_backbone(str(tmp_path / "nothing-here"))
 
 
