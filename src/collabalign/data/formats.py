@@ -36,6 +36,11 @@ def file_hash(path: str | Path) -> str:
     return digest.hexdigest()
 
 
+def json_hash(value: Any) -> str:
+    """sha256 of a value's JSON: the manifest's data hash of data passed already loaded."""
+    return hashlib.sha256(json.dumps(value).encode()).hexdigest()
+
+
 def _key(obj: dict[str, Any], name: str, path: str | Path, line: int) -> str | None:
     """An optional grouping field (user, domain) as text: absent is None; a string or integer, else a DataError."""
     if name not in obj or obj[name] is None:
@@ -124,7 +129,7 @@ def pairs_and_hash(data: str | Path | PreferenceSet, require: tuple[str, ...] = 
         if missing is not None:
             raise DataError(getattr(data, "source", "pairs"), missing + 1, name, "missing field")
     rows = [[p.prompt, p.chosen, p.rejected, p.party, p.attributes.get("domain")] for p in data]
-    return data, hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+    return data, json_hash(rows)
 
 
 def _field(pair: PreferencePair, name: str) -> str | None:

@@ -89,10 +89,7 @@ class PooledModel(nn.Module):
             self.head.bias.zero_()
 
     def pool(self, hidden: Tensor, mask: Tensor) -> Tensor:
-        if self.causal:
-            return hidden[torch.arange(len(hidden)), last_real(mask)]
-        m = mask.unsqueeze(-1).to(hidden.dtype)
-        return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+        return pool(hidden, mask, self.causal)
 
     def forward(self, tokens: Tokens, features: Tensor | None = None, split: int = 0) -> Tensor:
         """Scores, shape (batch, outputs). With `features` (from `lower_features(tokens, split)`), blocks below `split`
@@ -172,6 +169,14 @@ class PooledModel(nn.Module):
             handle.remove()
             for i, block in enumerate(lower):
                 blocks[i] = block
+
+
+def pool(hidden: Tensor, mask: Tensor, causal: bool) -> Tensor:
+    """The last real token's state for a causal model, the mean over real tokens for an encoder."""
+    if causal:
+        return hidden[torch.arange(len(hidden)), last_real(mask)]
+    m = mask.unsqueeze(-1).to(hidden.dtype)
+    return (hidden * m).sum(1) / m.sum(1).clamp(min=1)
 
 
 def last_real(mask: Tensor) -> Tensor:

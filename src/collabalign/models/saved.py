@@ -17,7 +17,7 @@ from safetensors.torch import load_file
 from collabalign.artifacts import Adapter, ArtifactError, adapter_dir, read_manifest
 from collabalign.lora.peft_io import peft_adapter
 from collabalign.models.backbones import Backbone, load_backbone
-from collabalign.models.pooled import PooledModel, last_real, tokenize
+from collabalign.models.pooled import PooledModel, pool, tokenize
 
 
 def adapter_files(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
@@ -59,12 +59,7 @@ class SavedScorer:
             part = None if second is None else second[start:start + batch_size]
             tokens = tokenize(self.tokenizer, texts[start:start + batch_size], self.max_length, part)
             hidden = inner(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask).last_hidden_state
-            mask = tokens.attention_mask
-            if self.causal:
-                pooled = hidden[torch.arange(len(hidden)), last_real(mask)]
-            else:
-                m = mask.unsqueeze(-1).to(hidden.dtype)
-                pooled = (hidden * m).sum(1) / m.sum(1).clamp(min=1)
+            pooled = pool(hidden, tokens.attention_mask, self.causal)
             out.append(pooled.float() @ self.head_weight.T + self.head_bias)
         scores = torch.cat(out).numpy()
         return scores[:, 0] if scores.shape[1] == 1 else scores

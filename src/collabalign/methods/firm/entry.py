@@ -9,8 +9,6 @@ global LoRA policy back, aligned to all M objectives by each client's regularise
 
 from __future__ import annotations
 
-import hashlib
-import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Literal
@@ -20,7 +18,7 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 
 from collabalign.artifacts import Adapter, Result
 from collabalign.config import Distinct, LoRASection, Strict
-from collabalign.data.formats import file_hash, load_prompts
+from collabalign.data.formats import file_hash, json_hash, load_prompts
 from collabalign.data.partition import iid
 from collabalign.federation.engine import EngineOptions
 from collabalign.federation.simulator import simulate
@@ -122,7 +120,7 @@ def prompts_and_hash(data: str | Path | Sequence[str]) -> tuple[list[str], str]:
     prompts = list(data)
     if not prompts or not all(isinstance(p, str) and p.strip() for p in prompts):
         raise ValueError("data: give a prompts JSONL path or a non-empty list of non-blank prompt strings")
-    return prompts, hashlib.sha256(json.dumps(prompts).encode()).hexdigest()
+    return prompts, json_hash(prompts)
 
 
 def lambda_rule(config: FIRMConfig, m: int) -> LambdaRule:

@@ -9,8 +9,6 @@ slice of it back.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import Literal
 
@@ -20,7 +18,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from collabalign.artifacts import Result
 from collabalign.config import LoRASection, Strict
-from collabalign.data.formats import file_hash, load_labelled
+from collabalign.data.formats import file_hash, json_hash, load_labelled
 from collabalign.data.glue import TextDataset
 from collabalign.data.partition import iid
 from collabalign.federation.engine import EngineOptions
@@ -117,7 +115,7 @@ def _labelled(data: str | Path | TextDataset) -> tuple[TextDataset, str]:
     if isinstance(data, str | Path):
         return load_labelled(data), file_hash(data)
     rows = [data.text_a, data.text_b, data.labels.tolist()]
-    return data, hashlib.sha256(json.dumps(rows).encode()).hexdigest()
+    return data, json_hash(rows)
 
 
 def _algorithm(config: FSLoRAConfig, problem: TorchLoRAProblem, ranks: dict[str, int]) -> SubspaceLoRA | FlexLoRA:
