@@ -10,11 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from matplotlib.ticker import MaxNLocator
 
 from collabalign.artifacts import Result
 from collabalign.examples import write_examples
-from collabalign.plotting import plt, save
+from collabalign.plotting import line_plot, plt, save
 
 # (title, what the plot shows) per method; each runs in about 2 to 40 s on one thread
 SMOLLM2, MINILM = "smollm2-135m", "minilm-l6"
@@ -31,21 +30,6 @@ def _bars(path: Path, groups: dict[str, dict[str, float]], ylabel: str, title: s
     ax.set_ylabel(ylabel)
     ax.set_ylim(0, 1.2)
     ax.legend(fontsize=8, loc="upper center", ncols=len(groups))
-    save(fig, path, title)
-
-
-def _curves(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str, title: str,
-            log_y: bool = False) -> None:
-    fig, ax = plt.subplots(figsize=(6, 3.6))
-    for label, (xs, ys) in series.items():
-        ax.plot(xs, ys, marker=".", label=label)
-    if log_y:
-        ax.set_yscale("log")
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
     save(fig, path, title)
 
 
@@ -87,7 +71,7 @@ def firm(data: dict[str, Path], out: Path) -> tuple[list[Result], str]:
     result = train_firm(config, data["prompts"])
     rounds = [r for r in result.metrics["rounds"] if "eval_reward_0" in r]
     names = result.metrics["objectives"]
-    _curves(out / "plots" / "firm.png",
+    line_plot(out / "plots" / "firm.png",
             {name: ([r["round"] for r in rounds], [r[f"eval_reward_{j}"] for r in rounds])
              for j, name in enumerate(names)}, "round", "held-out reward", "FIRM: two objectives, two clients")
     return [result], ("A SmolLM2 LoRA policy trained by two clients on their own prompts towards two rewards "
@@ -99,7 +83,7 @@ def fslora(data: dict[str, Path], out: Path) -> tuple[list[Result], str]:
 
     result = train_fslora(FSLoRAConfig(model=MINILM, ranks=[2, 4, 8], rounds=8, test_fraction=0.25), data["labelled"])
     rounds = [r for r in result.metrics["rounds"] if "accuracy" in r]
-    _curves(out / "plots" / "fslora.png", {"FSLoRA": ([r["round"] for r in rounds], [r["accuracy"] for r in rounds])},
+    line_plot(out / "plots" / "fslora.png", {"FSLoRA": ([r["round"] for r in rounds], [r["accuracy"] for r in rounds])},
             "round", "held-out accuracy", "FSLoRA: devices of ranks 2, 4 and 8")
     return [result], ("A MiniLM classifier of pleased / displeased product remarks trained by three devices whose "
                       "LoRA ranks differ; each device's slice is saved beside the global adapter.")
@@ -109,7 +93,7 @@ def affpcl(data: dict[str, Path], out: Path) -> tuple[list[Result], str]:
     from collabalign.methods.affpcl import AffPCLConfig, train_affpcl
 
     results = [train_affpcl(AffPCLConfig(method=m, steps=2000), data["agents"]) for m in ("affpcl", "il")]
-    _curves(out / "plots" / "affpcl.png",
+    line_plot(out / "plots" / "affpcl.png",
             {r.config["method"]: (r.metrics["trace"]["steps"], r.metrics["trace"]["ls_error"]) for r in results},
             "step", "distance to each agent's own solution", "AffPCL against independent learning", log_y=True)
     return results, ("Four agents' least-squares problems (their own rows and rows they all share): AffPCL's "

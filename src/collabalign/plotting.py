@@ -14,13 +14,15 @@ __all__ = ["ema", "finish", "line_plot", "plt", "save"]
 
 
 def line_plot(path: Path, series: dict[str, tuple[list[float], list[float]]], xlabel: str, ylabel: str,
-              title: str, log_x: bool = False) -> None:
+              title: str, log_x: bool = False, log_y: bool = False) -> None:
     """One line per label (x values, y values), saved as PNG at `path`."""
     fig, ax = plt.subplots(figsize=(6, 4))
     for label, (xs, ys) in series.items():
         ax.plot(xs, ys, marker=".", label=label)
     if log_x:
         ax.set_xscale("log", base=2)
+    if log_y:
+        ax.set_yscale("log")
     finish(fig, ax, ylabel, title, path, xlabel)
 
 
