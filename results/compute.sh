@@ -4,7 +4,7 @@
 # scratch folder under runs/ (its report is discarded) whose cache folder links to the shared one, so pieces
 # can run side by side, one per core, and across sessions.
 # usage: results/compute.sh fslora-synthetic | fslora-glue TASK... | pshare-synthetic | pshare-bandit-federated |
-#        pshare-text SOURCE...
+#        pshare-text SOURCE... | firm-lm ARM...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg PATH="$PWD/.venv/bin:$PATH"
@@ -48,7 +48,11 @@ case $what in
             piece "pshare-$source" pshare-main pshare_text_fits -- pshare-lora/main "methods=[]" bandit.run=false \
                 federated.run=false "text.sources=[$source]"
         done ;;
+    firm-lm)  # the named LM arms (e.g. p1/p2=0.1 firm), every seed, in one process
+        arms=$(IFS=,; echo "$*")
+        piece "firm-lm-${1//\//_}" firm-main lm_runs -- firm/main solver.run=false quadratic.run=false \
+            momdp.run=false toy.run=false "lm.only=[$arms]" ;;
     *) echo "usage: $0 fslora-synthetic | fslora-glue TASK... | pshare-synthetic | pshare-bandit-federated |" \
-            "pshare-text SOURCE..." >&2
+            "pshare-text SOURCE... | firm-lm ARM..." >&2
        exit 2 ;;
 esac

@@ -46,6 +46,8 @@ def language_model_parts(cfg: Config, seeds: Seeds, run_dir: RunDir, progress: b
         parts = [fitted]
     if not cfg.lm.run:
         return parts
+    if rewards is not None and cfg.lm.helpful == "relevance":
+        rewards = reward_models.with_relevance(rewards)
     root = Path(cfg.rewards.data_dir) if cfg.rewards.data_dir else shared_data_dir()
     if rewards is None or (root is None and cfg.lm.data is None):
         return [*parts, lm.not_run_part("no reward models, or neither lm.data nor a data folder (../shared/data, "

@@ -49,10 +49,15 @@ class LMConfig(Strict):
     batch_size: int = Field(16, ge=1)
     max_new_tokens: int = Field(64, ge=1)
     max_prompt_tokens: int = Field(128, ge=1)  # longer prompts (chat template included) are left out, never cut
+    step: Literal["ppo", "rloo"] = "ppo"  # the paper's PPO, or REINFORCE-leave-one-out
+    replies_per_prompt: int = Field(4, ge=2)  # rloo: batch_size prompts x replies_per_prompt replies a batch
+    helpful: Literal["fitted", "relevance"] = "fitted"  # the trained PKU-SafeRLHF model, or the MiniLM prompt-reply
+    #   cosine (not saturated by a length cap); the fitted one stays the heterogeneous-RM ablation's second model
     ppo: PPOConfig = PPOConfig()  # minibatch 8, 1 epoch, actor lr 6e-5, critic lr 1e-4, KL target 0.03
     lora: PolicyLoRA = PolicyLoRA()
     beta: float = Field(0.01, ge=0)
     eval_prompts: int = Field(16, ge=1)
+    eval_samples: int = Field(1, ge=1)  # replies per held-out prompt at each evaluation
     prompts_per_source: int = Field(400, ge=1)  # HH-RLHF harmless and PKU-SafeRLHF each, after the length filter
     dirichlet_alpha: float = Field(0.3, gt=0)
     # which parts of the paper to run (each is a set of arms over the same seeds)

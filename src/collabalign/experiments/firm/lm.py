@@ -22,9 +22,21 @@ REWARD_MARGIN = 0.02  # a reward difference smaller than this (on [0, 1]) is "co
 CLOSE_MARGIN = 0.05  # ablations "closely matched" to the base run: final rewards within +-0.05
 LAMBDA_MARGIN = 0.1  # ... and mean λ_help within +-0.1
 
+LEARN_MARGIN = 0.02  # smallest gain over the base model worth calling learning (rewards on [0, 1]; declared a priori)
+
 LEARNED = claims.superiority(
     "[LM] The task is learned: FIRM raises the mean of the two held-out rewards above the base model",
-    "final (helpful + harmless) / 2 of FIRM's global model above the same at round 0 (the frozen base model)")
+    "final (helpful + harmless) / 2 of FIRM's global model above the same at round 0 (the frozen base model)",
+    smallest_effect=LEARN_MARGIN)
+LEARNED_HARMLESS = claims.superiority(
+    "[LM] Harmlessness is learned: FIRM at the smallest p1/p2 raises held-out harmlessness above the base model",
+    "final held-out harmlessness at the sweep's smallest p1/p2 above the base model's (round 0), per seed",
+    smallest_effect=LEARN_MARGIN)
+LEARNED_HELPFUL = claims.superiority(
+    "[LM] Helpfulness is learned: FIRM at the largest p1/p2 raises held-out helpfulness above the base model",
+    "final held-out helpfulness at the sweep's largest p1/p2 above the base model's (round 0), per seed",
+    smallest_effect=LEARN_MARGIN)
+GATES = (LEARNED, LEARNED_HARMLESS, LEARNED_HELPFUL)  # the arms are ranked only on a task shown to be learned
 RQ1 = claims.non_inferiority(
     "[LM] RQ1: FIRM comparable to or better than FedCMOO-A on both rewards",
     f"final held-out reward FIRM - FedCMOO-A above -{REWARD_MARGIN} for helpfulness and harmlessness, Holm over "
@@ -42,6 +54,10 @@ BETA0_WORSE = claims.superiority(
 PREFERENCE = claims.superiority(
     "[LM] RQ3: the preference vector steers the final rewards",
     "per-seed least-squares slope of final (helpful - harmless) against log(p1/p2) above 0")
+MONOTONE = claims.superiority(
+    "[LM] RQ3: the front is monotone: each larger p1/p2 gives a larger helpful - harmless gap",
+    "final (helpful - harmless) at each p1/p2 of the sweep above at the next smaller one, paired per seed, Holm over "
+    "adjacent pairs")
 CLOSE_REWARD = claims.equivalence(
     "ablation: final held-out reward equal to the base FIRM run", f"paired difference within +-{CLOSE_MARGIN}",
     margin=CLOSE_MARGIN)
@@ -52,7 +68,7 @@ UPLOAD = claims.exact(
     "[LM] FIRM uploads d floats per client per round, FedCMOO-A M·d more (its gradient phase)",
     "array bytes uploaded by FedCMOO-A's gradient phase / FIRM's adapter upload = M = 2, from the ledger")
 
-CLAIMS = (LEARNED, RQ1, UPLOAD, DISPERSION, DISPERSION_ENDS, BETA0_WORSE, PREFERENCE)
+CLAIMS = (*GATES, RQ1, UPLOAD, DISPERSION, DISPERSION_ENDS, BETA0_WORSE, PREFERENCE, MONOTONE)
 
 
 def not_run_part(reason: str) -> Part:
@@ -106,10 +122,12 @@ def part(config: Config, rewards, seeds: Seeds, run_dir: RunDir, data_root: Path
              f"of {cfg.batch_size}, {cfg.max_new_tokens} new tokens, {cfg.seeds} seeds; {len(runner.prompts.train)} "
              f"train and {len(runner.prompts.eval)} held-out prompts ({runner.prompts.dropped_long} longer than "
              f"{cfg.max_prompt_tokens} tokens left out).{label}"]
-    if not claims.confirmed(decided[0]):
-        notes.append(f"**Learning not shown:** \"{LEARNED.name}\" is {decided[0]['verdict']}, so the comparisons "
-                     "between arms below rank methods on a task this run did not show to be learned; read them as "
-                     "checks that the arms behave alike, not as evidence for the paper's orderings.")
+    gates = [c for c in decided if c["name"] in {g.name for g in GATES}]
+    if failed := [c for c in gates if not claims.confirmed(c)]:
+        named = "; ".join(f"\"{c['name']}\" is {c['verdict']}" for c in failed)
+        notes.append(f"**Learning not shown:** {named}. The comparisons between arms below rank methods on a task "
+                     "this run did not show to be learned; read them as checks that the arms behave alike, not as "
+                     "evidence for the paper's orderings.")
     notes.append(table1(cfg.samples, samples))
     metrics = {"lm": {arm: {"final_helpful": [final(r, "eval_helpful") for r in runs],
                             "final_harmless": [final(r, "eval_harmless") for r in runs],
@@ -147,6 +165,7 @@ def decide(cfg: LMConfig, results: dict[str, list[list[dict]]], ledgers: dict, r
         mean = (per_seed("firm", both[0]) + per_seed("firm", both[1])) / 2
         base0 = np.array([(r[0][both[0]] + r[0][both[1]]) / 2 for r in results["firm"]])
         out.append(LEARNED.decide(mean, base0, firm=mean.mean(), base_model=base0.mean()))
+    out += single_objective_gates(cfg, results, per_seed)
     if why := missing("firm", "fedcmoo-a"):
         out += [claims.not_run(RQ1, why), claims.not_run(UPLOAD, why)]
     else:
@@ -171,15 +190,32 @@ def decide(cfg: LMConfig, results: dict[str, list[list[dict]]], ledgers: dict, r
     return out + preference_claims(cfg, results, per_seed) + ablation_claims(cfg, results, per_seed)
 
 
-def preference_claims(cfg: LMConfig, results: dict, per_seed) -> list[dict]:
-    ratios = [r for r in cfg.preferences if f"p1/p2={r:g}" in results]
+def single_objective_gates(cfg: LMConfig, results: dict, per_seed) -> list[dict]:
+    """Each reward learned on its own: the sweep's most harmless-leaning and most helpful-leaning preference arms
+    against the base model (round 0, the same for every seed)."""
+    ratios = sorted(r for r in cfg.preferences if f"p1/p2={r:g}" in results)
     if len(ratios) < 2:
-        return [claims.not_run(PREFERENCE, "fewer than 2 preference vectors ran")]
+        return [claims.not_run(c, "fewer than 2 preference vectors ran") for c in (LEARNED_HARMLESS, LEARNED_HELPFUL)]
+    out = []
+    for claim, ratio, key in ((LEARNED_HARMLESS, ratios[0], "eval_harmless"), (LEARNED_HELPFUL, ratios[-1],
+                                                                               "eval_helpful")):
+        arm = f"p1/p2={ratio:g}"
+        trained, base = per_seed(arm, key), np.array([r[0][key] for r in results[arm]])
+        out.append(claim.decide(trained, base, arm=arm, trained=trained.mean(), base_model=base.mean()))
+    return out
+
+
+def preference_claims(cfg: LMConfig, results: dict, per_seed) -> list[dict]:
+    ratios = sorted(r for r in cfg.preferences if f"p1/p2={r:g}" in results)
+    if len(ratios) < 2:
+        return [claims.not_run(c, "fewer than 2 preference vectors ran") for c in (PREFERENCE, MONOTONE)]
     arms_ = [f"p1/p2={r:g}" for r in ratios]
     gap = np.stack([per_seed(a, "eval_helpful") - per_seed(a, "eval_harmless") for a in arms_], 1)  # (seeds, p)
-    return [PREFERENCE.decide(claims.slopes(np.log(ratios), gap, log_x=False, log_y=False),
-                              helpful={a: per_seed(a, "eval_helpful").mean() for a in arms_},
-                              harmless={a: per_seed(a, "eval_harmless").mean() for a in arms_})]
+    front = {"helpful": {a: per_seed(a, "eval_helpful").mean() for a in arms_},
+             "harmless": {a: per_seed(a, "eval_harmless").mean() for a in arms_}}
+    steps = {f"{a} -> {b}": (gap[:, j + 1], gap[:, j]) for j, (a, b) in enumerate(zip(arms_, arms_[1:], strict=False))}
+    return [PREFERENCE.decide(claims.slopes(np.log(ratios), gap, log_x=False, log_y=False), **front),
+            MONOTONE.decide_cells(steps, **front)]
 
 
 def ablation_claims(cfg: LMConfig, results: dict, per_seed) -> list[dict]:

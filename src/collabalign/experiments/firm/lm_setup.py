@@ -19,7 +19,13 @@ from collabalign.experiments.firm.common import preference
 from collabalign.experiments.firm.config import Config, LMConfig
 from collabalign.federation import simulate
 from collabalign.methods.firm.entry import lora_targets
-from collabalign.methods.firm.federated import ClientData, FederatedPPO, LambdaRule, Rollouts
+from collabalign.methods.firm.federated import (
+    ClientData,
+    FederatedPPO,
+    FederatedRLOO,
+    LambdaRule,
+    Rollouts,
+)
 from collabalign.models.backbones import load_backbone
 from collabalign.policy import Policy
 from collabalign.seeding import Seeds
@@ -96,16 +102,24 @@ class LMRunner:
         self.rollouts = Rollouts(cfg.batches, cfg.batch_size, cfg.max_new_tokens,
                                  max_prompt_tokens=cfg.max_prompt_tokens)
         self.prompts = lm_prompts(cfg, data_root, self.prompt_tokens, seeds.numpy("firm/lm/prompts"))
+        self.base_eval: dict | None = None  # LoRA starts at B = 0 and the eval stream depends on the round only
 
     def evaluate(self, policy: Policy, round_: int) -> dict[str, float]:
         """Mean helpful and harmless reward of the global model on the fixed held-out prompts; the sampling stream
         depends on the round only, so every arm and seed is scored on the same draws of the generator."""
-        prompts = self.prompts.eval
+        if round_ == 0 and self.base_eval is not None:  # round 0 is the base model for every arm and seed
+            return self.base_eval
+        prompts = [p for p in self.prompts.eval for _ in range(self.cfg.eval_samples)]
         rollout = policy.generate(prompts, self.cfg.max_new_tokens, generator=Seeds(0).torch("firm/eval", round_),
                                   max_prompt_tokens=self.cfg.max_prompt_tokens)
-        return {"eval_helpful": float(np.mean(self.rewards.helpful(prompts, rollout.responses))),
-                "eval_harmless": float(np.mean(self.rewards.harmless(prompts, rollout.responses))),
-                "eval_length": float(rollout.response_mask.sum(1).float().mean())}
+        lengths = rollout.response_mask.sum(1)
+        out = {"eval_helpful": float(np.mean(self.rewards.helpful(prompts, rollout.responses))),
+               "eval_harmless": float(np.mean(self.rewards.harmless(prompts, rollout.responses))),
+               "eval_length": float(lengths.float().mean()),
+               "eval_capped": float((lengths == self.cfg.max_new_tokens).float().mean())}
+        if round_ == 0:
+            self.base_eval = out
+        return out
 
     def client_data(self, arm: Arm, seed: int) -> dict[str, ClientData]:
         """The train prompts split across the arm's clients (iid or Dirichlet over topics), with their RMs."""
@@ -121,7 +135,10 @@ class LMRunner:
 
     def run(self, arm: Arm, seed: int, progress: bool) -> tuple[list[dict], object]:
         """One federated run of `arm` from the base model; returns its per-round metrics and the ledger."""
-        algorithm = FederatedPPO(self.policy, arm.rule, self.cfg.ppo, self.rollouts, self.evaluate)
+        cfg = self.cfg
+        algorithm = (FederatedPPO(self.policy, arm.rule, cfg.ppo, self.rollouts, self.evaluate) if cfg.step == "ppo"
+                     else FederatedRLOO(self.policy, arm.rule, cfg.ppo, self.rollouts, cfg.replies_per_prompt,
+                                                  self.evaluate))
         per = algorithm.engine_rounds_per_round
         result = simulate(algorithm, self.client_data(arm, seed), self.cfg.rounds * per, seed=seed, eval_every=per,
                           options=self.engine, progress=progress, label=f"{arm.name} seed {seed}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -105,6 +105,17 @@ def hf_rewards(cfg: HFRewardsConfig) -> Rewards:
              "not measured by this run")
     return Rewards(load["helpful"], load["harmless"], load["helpful_alt"],
                    {"helpful_beats_baselines": None, "helpful_label": label, "source": cfg.model_dump()})
+
+
+def with_relevance(rewards: Rewards) -> Rewards:
+    """The same rewards with helpfulness replaced by relevance, (1 + cos(MiniLM(prompt), MiniLM(reply))) / 2: a
+    signal a length cap does not saturate; the fitted helpfulness model stays the heterogeneous-RM ablation's."""
+    from collabalign.methods.firm.entry import RelevanceReward
+
+    label = ("helpfulness here is relevance, (1 + cos(MiniLM(prompt), MiniLM(reply))) / 2: a proxy for answering "
+             "the prompt, not a model trained on helpfulness judgements")
+    return replace(rewards, helpful=RelevanceReward(),
+                   metrics={**rewards.metrics, "helpful_beats_baselines": False, "helpful_label": label})
 
 
 def pku_path(cfg: RewardModelsConfig) -> Path:

@@ -42,7 +42,7 @@ class FIRMConfig(Strict):
     lora: LoRASection = LoRASection()
     rewards: Distinct[str] = Field(["relevance", "brevity"], min_length=1)  # SHIPPED names, Hugging Face RMs
     rule: Literal["firm", "fedavg-ls", "fedcmoo-a"] = "firm"  # FIRM, or the paper's baselines
-    step: Literal["ppo", "rloo"] = "ppo"  # the paper's PPO, or REINFORCE-leave-one-out (no critic; firm, fedavg-ls)
+    step: Literal["ppo", "rloo"] = "ppo"  # the paper's PPO, or REINFORCE-leave-one-out (no critic; every rule)
     samples: int = Field(4, ge=2)  # rloo: replies sampled per prompt, each judged against the others' mean
     beta: NonNegativeFloat = 0.01  # the MGDA regulariser β (spec §2)
     preference: list[PositiveFloat] | None = None  # p, one weight per reward: replaces (β/2)I by Diag(1/p)

@@ -218,6 +218,9 @@ class FederatedPPO:
             out.update(lambda_stats(np.stack(logs)))
             rewards = np.stack([c.state["reward_log"] for c in clients.values()])  # (C, K, M)
             out.update({f"train_reward_{j}": float(rewards[..., j].mean()) for j in range(rewards.shape[-1])})
+        if round_ > 0 and clients and all("kl_log" in c.state for c in clients.values()):  # RLOO's sequence KL
+            out["train_kl"] = float(np.mean([c.state["kl_log"].mean() for c in clients.values()]))
+            out["kl_coef"] = float(np.mean([c.state["kl_coef"] for c in clients.values()]))
         return out
 
 
@@ -239,8 +242,8 @@ class FederatedRLOO(FederatedPPO):
 
     def __init__(self, policy: Policy, rule: LambdaRule, ppo: PPOConfig, rollouts: Rollouts, samples: int,
                  evaluate_fn=None):
-        if rule.kind == "server":
-            raise ValueError("step rloo runs with rule firm or fedavg-ls (FedCMOO-A's gradient phase is PPO's)")
+        if samples < 2:
+            raise ValueError(f"RLOO needs at least 2 samples per prompt, got {samples}")
         super().__init__(policy, rule, ppo, rollouts, evaluate_fn)
         self.samples = samples
 
@@ -255,29 +258,44 @@ class FederatedRLOO(FederatedPPO):
         rewards = np.stack([np.asarray(rm(prompts, rollout.responses), dtype=np.float32) for rm in data.rewards], 1)
         return rollout, torch.as_tensor(rewards)
 
+    def _losses(self, client: ClientContext, kl: AdaptiveKL):
+        """One batch's M RLOO losses on the KL-shaped rewards -> (losses (M,), rewards (B·k, M), mean sequence KL)."""
+        rollout, rewards = self._batch(client)
+        logprobs = self.policy.token_logprobs(rollout).sum(1)
+        seq_kl = logprobs.detach() - self.policy.token_logprobs(rollout, reference=True).sum(1)
+        shaped = rewards.to(logprobs) - kl.value * seq_kl[:, None]
+        losses = torch.stack([-(rloo_advantages(shaped[:, j], self.samples) * logprobs).mean()
+                              for j in range(shaped.shape[1])])
+        return losses, rewards, float(seq_kl.mean())
+
+    def _gradient_phase(self, message: Message, client: ClientContext) -> Message:
+        """FedCMOO-A's first pass: the M per-objective RLOO gradients on one fresh batch at θ_t (uploaded whole)."""
+        self.policy.load_adapter_state(dict(message))
+        losses, rewards, _ = self._losses(client, AdaptiveKL.from_state(client.state, self.ppo))
+        grads = objective_gradients(losses, self.policy.adapter_params())
+        return Message({"grads": grads.numpy().astype(np.float32)}, {"n": len(rewards)})
+
     def _train(self, params: dict, client: ClientContext, weights) -> Message:
         """K RLOO steps from `params`; one λ per step (from the M objective gradients when the rule solves)."""
         self.policy.load_adapter_state(params)
         actor, critic = self._restore(client)
         kl = AdaptiveKL.from_state(client.state, self.ppo)
         trained = self.policy.adapter_params()
-        lambdas, rewards_log = [], []
+        lambdas, rewards_log, kls, n = [], [], [], 0
         for _ in range(self.rollouts.batches):
-            rollout, rewards = self._batch(client)
-            logprobs = self.policy.token_logprobs(rollout).sum(1)
-            seq_kl = logprobs.detach() - self.policy.token_logprobs(rollout, reference=True).sum(1)
-            shaped = rewards.to(logprobs) - kl.value * seq_kl[:, None]
-            losses = torch.stack([-(rloo_advantages(shaped[:, j], self.samples) * logprobs).mean()
-                                  for j in range(shaped.shape[1])])
+            losses, rewards, seq_kl = self._losses(client, kl)
             grads = objective_gradients(losses, trained)
             lam = (weights(grads) if callable(weights) else weights).detach().to(grads)
             actor.zero_grad(set_to_none=True)
             write_gradient(trained, grads @ lam)
             actor.step()
-            kl.update(float(seq_kl.mean()), len(rollout))
+            kl.update(seq_kl, len(rewards))
             lambdas.append(lam.numpy().astype(np.float64))
             rewards_log.append(rewards.mean(0).numpy())
+            kls.append(seq_kl)
+            n += len(rewards)
         self._save(client, actor, critic, kl)
         client.state["lambda_log"] = np.asarray(lambdas, dtype=np.float64)
         client.state["reward_log"] = np.asarray(rewards_log, dtype=np.float64)
-        return Message(self.policy.adapter_state(), {"n": len(rewards_log) * len(rollout)})
+        client.state["kl_log"] = np.asarray(kls, dtype=np.float64)
+        return Message(self.policy.adapter_state(), {"n": n})
