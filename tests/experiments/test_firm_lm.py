@@ -98,12 +98,43 @@ def test_a_prompts_jsonl_replaces_the_shared_prompts(tmp_path, monkeypatch):
                  f"hf_rewards.helpful_alt={tmp_path / 'helpful'}", "lm.seeds=1", "lm.clients=2", "lm.rounds=1",
                  "lm.batches=1", "lm.batch_size=2", "lm.ppo.minibatch=2", "lm.max_new_tokens=3", "lm.eval_prompts=2",
                  "lm.only=[firm]", f"lm.data={{source: jsonl, path: {tmp_path / 'prompts.jsonl'}}}",
-                 "engine.batched=false"]
+                 "engine.batched=false", "lm.step=rloo", "lm.replies_per_prompt=2", "lm.eval_samples=2",
+                 "lm.helpful=relevance"]
     assert main(["run", str(CONFIG_DIR / "firm" / "gpu_tinyllama.yaml"), *overrides, "--out", str(out),
                  "--no-progress"]) == 0
     report = (out / "report.md").read_text()
     assert "8 train and 2 held-out prompts (1 longer than 256 tokens left out)" in report
+    assert "helpfulness here is relevance" in report
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    trained = [r for r in records if r.get("arm") == "firm" and r["round"] == 1][0]
+    assert 0 <= trained["eval_capped"] <= 1 and trained["kl_coef"] > 0 and "train_kl" in trained
     summary = json.loads((out / "summary.json").read_text())
     assert next(c for c in summary["claims"] if c["name"] == lm.LEARNED.name)["n"] == 1
     with pytest.raises(DataError, match="more than lm.eval_prompts = 10 are needed"):
         jsonl_prompts(tmp_path / "prompts.jsonl", 10, len, 100, np.random.default_rng(0))
+
+
+def synthetic_runs(helpful: float, harmless: float, seeds: int = 5) -> list[list[dict]]:
+    """Runs from a base of 0.5 / 0.5 at round 0 to the given finals (rounds 1, 2), a little noise per seed."""
+    rng = np.random.default_rng(int(helpful * 100 + harmless * 10))
+    return [[{"round": 0, "eval_helpful": 0.5, "eval_harmless": 0.5},
+             *({"round": t, "eval_helpful": helpful + rng.normal(0, 0.01),
+                "eval_harmless": harmless + rng.normal(0, 0.01)} for t in (1, 2))] for _ in range(seeds)]
+
+
+def test_single_objective_gates_and_the_monotone_front_are_decided_from_the_preference_arms():
+    from collabalign.experiments.firm.config import LMConfig
+
+    cfg = LMConfig(rq1=False, beta_sweep=[0.0], preferences=[0.1, 1.0, 10.0], ablations=False)
+    results = {"firm": synthetic_runs(0.55, 0.55), "p1/p2=0.1": synthetic_runs(0.5, 0.7),
+               "p1/p2=1": synthetic_runs(0.55, 0.6), "p1/p2=10": synthetic_runs(0.62, 0.5)}
+    decided = {c["name"]: c for c in lm.decide(cfg, results, {}, runner=None)}
+    for gate in (lm.LEARNED, lm.LEARNED_HARMLESS, lm.LEARNED_HELPFUL, lm.MONOTONE, lm.PREFERENCE):
+        assert decided[gate.name]["verdict"] == "reproduced", gate.name
+    assert decided[lm.LEARNED_HELPFUL.name]["measured"]["arm"] == "p1/p2=10"
+    # the helpful-leaning arm does not learn: its gate fails, and a front that folds back is not monotone
+    results["p1/p2=10"] = synthetic_runs(0.5, 0.65)
+    decided = {c["name"]: c for c in lm.decide(cfg, results, {}, runner=None)}
+    assert decided[lm.LEARNED_HELPFUL.name]["verdict"] == "not reproduced"
+    assert decided[lm.MONOTONE.name]["verdict"] != "reproduced"
+    assert decided[lm.LEARNED_HARMLESS.name]["verdict"] == "reproduced"

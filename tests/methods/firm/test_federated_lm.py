@@ -7,7 +7,7 @@ import torch
 
 from collabalign.comm import Message
 from collabalign.federation import simulate
-from collabalign.methods.firm.federated import ClientData, FederatedPPO, LambdaRule, Rollouts
+from collabalign.methods.firm.federated import ClientData, FederatedPPO, FederatedRLOO, LambdaRule, Rollouts
 from collabalign.models.backbones import tiny_llama
 from collabalign.policy import Policy, PPOConfig
 
@@ -34,8 +34,9 @@ def clients(n=2):
     return {f"c{c}": ClientData(prompts[c::n], (long_reward, short_reward)) for c in range(n)}
 
 
-def run(policy, rule, rounds=2, seed=0):
-    algorithm = FederatedPPO(policy, rule, PPO, ROLLOUTS)
+def run(policy, rule, rounds=2, seed=0, step="ppo"):
+    algorithm = (FederatedPPO(policy, rule, PPO, ROLLOUTS) if step == "ppo"
+                 else FederatedRLOO(policy, rule, PPO, ROLLOUTS, samples=2))
     per = algorithm.engine_rounds_per_round
     return simulate(algorithm, clients(), rounds * per, seed=seed, eval_every=per, progress=False)
 
@@ -52,11 +53,13 @@ def test_firm_uploads_the_adapter_only_and_logs_lambda_per_step(policy):
     assert "kl_coef" in result.clients["c0"].state and "actor.0.exp_avg" in result.clients["c0"].state
 
 
-def test_fedcmoo_uploads_m_gradients_and_every_client_uses_the_server_lambda(policy):
-    result = run(policy, LambdaRule("server", beta=0.0))
-    adapter = Message(policy.adapter_state(), {"n": ROLLOUTS.batches * ROLLOUTS.batch_size})
+@pytest.mark.parametrize("step, replies", [("ppo", 1), ("rloo", 2)])
+def test_fedcmoo_uploads_m_gradients_and_every_client_uses_the_server_lambda(policy, step, replies):
+    result = run(policy, LambdaRule("server", beta=0.0), step=step)
+    n = ROLLOUTS.batches * ROLLOUTS.batch_size * replies
+    adapter = Message(policy.adapter_state(), {"n": n})
     d = sum(a.size for a in adapter.values())
-    grads = Message({"grads": np.zeros((d, 2), np.float32)}, {"n": ROLLOUTS.batch_size})
+    grads = Message({"grads": np.zeros((d, 2), np.float32)}, {"n": ROLLOUTS.batch_size * replies})
     assert result.ledger.total("up") == 2 * 2 * (adapter.nbytes + grads.nbytes)
     assert grads.array_nbytes == 2 * adapter.array_nbytes
     logs = [c.state["lambda_log"] for c in result.clients.values()]
@@ -80,3 +83,14 @@ def test_bad_rules_are_refused():
         LambdaRule("mgda")
     with pytest.raises(ValueError, match="weights w"):
         LambdaRule("fixed")
+
+
+def test_rloo_logs_its_sequence_kl_and_a_coefficient_that_moves(policy):
+    result = run(policy, LambdaRule("firm", beta=0.01), step="rloo")
+    state = result.clients["c0"].state
+    assert state["kl_log"].shape == (ROLLOUTS.batches,) and state["lambda_log"].shape == (ROLLOUTS.batches, 2)
+    last = result.metrics[-1]
+    assert last["kl_coef"] != PPO.kl_init and last["train_kl"] == pytest.approx(
+        np.mean([c.state["kl_log"].mean() for c in result.clients.values()]))
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        FederatedRLOO(policy, LambdaRule("firm"), PPO, ROLLOUTS, samples=1)
