@@ -36,11 +36,11 @@ def test_every_claim_is_decided_under_both_protocols_and_cells_are_cached(tmp_pa
     names = [c["name"] for c in summary["claims"]]
     for claim in sentiment.PROTOCOL_CLAIMS:
         assert sum(n.startswith(claim.name) for n in names) == 2, claim.name  # shared and tuned
-    assert sentiment.LARGER_BETA.name in names
+    assert sentiment.LARGER_BETA.name in names and {g.name for g in sentiment.GATES} <= set(names)
     for c in summary["claims"]:
         assert c["verdict"] in {"reproduced", "not reproduced", "inconclusive"} and c["n"] == 3
     metrics = summary["metrics"]["sentiment"]
-    assert 0.5 < metrics["judges"]["kitchen"]["accuracy"] <= 1
+    assert 0.5 < metrics["judges"]["kitchen"]["accuracy"] <= 1 and 0 <= metrics["judges"]["kitchen"]["pair_accuracy"] <= 1
     assert set(metrics["held_out_apl"]) >= {"sft", "ours@1", "ours@4", "ours-matched@1", "bt+rwr@4", "dpo@1",
                                             "hpl", "ppo(tr)@1", "ppo(tr+te)@4", "oracle@1"}
     assert all(0 <= v <= 1 for m in metrics["held_out_apl"].values() for v in m.values())

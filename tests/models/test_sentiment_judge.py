@@ -59,3 +59,20 @@ def test_real_judge_beats_chance_on_held_out_windows():
     scores = judge.score(["This is the best blender I have ever owned, it works perfectly",
                           "It broke after two days and the company would not refund my money"])
     assert scores[0] > 0.5 > scores[1]
+
+
+@pytest.mark.skipif(SHARED is None, reason="../shared/data not found")
+def test_the_experiments_judge_never_sees_a_fine_tuning_or_pair_review():
+    from collabalign.data.amazon_reviews import domain_data
+    from collabalign.experiments.meta_reward.sentiment_config import SentimentConfig
+    from collabalign.experiments.meta_reward.sentiment_data import unseen_judge
+
+    reviews = load_domain(SHARED / AMAZON_DIR, "kitchen")
+    data = domain_data(reviews, max_examples=300)
+    judge = unseen_judge(reviews, data, SentimentConfig(), seed=0)
+    used = {e.review_index for e in data.examples} | {i for p in data.pairs for i in (p.chosen_index,
+                                                                                      p.rejected_index)}
+    assert len(used) >= 300 and judge.n_train + judge.n_test <= len(reviews) - len(used)
+    assert judge.accuracy > 0.6 and 0.5 < judge.pair_accuracy <= 1  # ranks pairs it never saw better than chance
+    with pytest.raises(ValueError, match="as many chosen as rejected"):
+        judge.score_pairs(["a"], [])

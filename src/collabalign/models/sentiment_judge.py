@@ -1,6 +1,7 @@
 """The sentiment reproduction's "ground-truth" judge (standing in for the paper's RoBERTa-large scorer): TF-IDF word
 uni+bigrams and a logistic regression fitted only on one held-out domain's labelled reviews (label = positive or
-negative file), a feature space deliberately unlike the MiniLM reward models it is used to judge."""
+negative file; the experiment passes only reviews that are neither fine-tuning text nor in a pair), a feature space
+deliberately unlike the MiniLM reward models it is used to judge."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ class SentimentJudge:
         self.domain: str | None = None
         self.n_train = self.n_test = 0
         self.accuracy = self.accuracy_full = float("nan")  # held-out accuracy on response windows / full texts
+        self.pair_accuracy = float("nan")  # share of preference pairs whose chosen reply it scores higher
 
     def fit(self, reviews: Sequence[Review]) -> SentimentJudge:
         """Fit on one domain's reviews (a seeded split by review) and record the held-out window accuracy."""
@@ -67,10 +69,18 @@ class SentimentJudge:
         positive = list(self.model.classes_).index(1)
         return self.model.predict_proba(self.vectorizer.transform(list(texts)))[:, positive].astype(np.float64)
 
+    def score_pairs(self, chosen: Sequence[str], rejected: Sequence[str]) -> SentimentJudge:
+        """Records `pair_accuracy`: the share of pairs whose chosen text it scores above the rejected (ties lose)."""
+        if len(chosen) != len(rejected) or not len(chosen):
+            raise ValueError(f"need as many chosen as rejected texts, at least one; got {len(chosen)}, {len(rejected)}")
+        self.pair_accuracy = float(np.mean(self.score(chosen) > self.score(rejected)))
+        return self
+
     def describe(self) -> dict[str, Any]:
         """The judge's settings and held-out accuracy, for the run's metrics."""
         return {"kind": "tfidf-logreg", "domain": self.domain, "accuracy": self.accuracy,
-                "accuracy_full_text": self.accuracy_full, "n_train": self.n_train,
+                "accuracy_full_text": self.accuracy_full, "pair_accuracy": self.pair_accuracy,
+                "n_train": self.n_train,
                 "n_test": self.n_test, "vocabulary": len(getattr(self.vectorizer, "vocabulary_", {})),
                 "opening_words": self.opening_words, "response_words": self.response_words,
                 "full_text": self.full_text, "c": self.c, "test_fraction": self.test_fraction, "seed": self.seed}

@@ -31,16 +31,24 @@ def load_data(cfg: SentimentConfig, root: Path | None, seed: int) -> TaskData:
         raise ValueError("the Amazon reviews need a data folder (data_dir, ../shared/data or $COLLABALIGN_DATA)")
     domains = load_task(root / AMAZON_DIR, cfg.domains, cfg.opening_words, cfg.response_words, seed,
                         cfg.max_examples, cfg.max_pairs)
-    judges = {d: SentimentJudge(cfg.opening_words, cfg.response_words, seed=seed).fit(load_domain(root / AMAZON_DIR, d))
-              for d in cfg.held_out}
+    judges = {d: unseen_judge(load_domain(root / AMAZON_DIR, d), domains[d], cfg, seed) for d in cfg.held_out}
     return TaskData(domains, judges, None)
+
+
+def unseen_judge(reviews: list[Review], data: DomainData, cfg: SentimentConfig, seed: int) -> SentimentJudge:
+    """The domain's judge, fitted only on reviews that are neither fine-tuning text nor in a preference pair (so it
+    cannot have memorised the texts A_PL and the policies see), then scored on the domain's pairs as well."""
+    used = {e.review_index for e in data.examples} | {i for p in data.pairs for i in (p.chosen_index, p.rejected_index)}
+    judge = SentimentJudge(cfg.opening_words, cfg.response_words, seed=seed)
+    judge.fit([r for i, r in enumerate(reviews) if i not in used])
+    return judge.score_pairs([p.chosen for p in data.pairs], [p.rejected for p in data.pairs])
 
 
 def jsonl_data(cfg: SentimentConfig, seed: int) -> TaskData:
     """Preference pairs with a `domain` per row: a domain's fine-tuning examples are the distinct (prompt, reply) of
     its pairs (no labels; `max_examples` never drops a pair's reply, so it has no effect here), `max_pairs` a seeded
     subset of its pairs; each held-out domain's judge is fitted on its own pairs (chosen replies positive, rejected
-    negative)."""
+    negative): a file holds no other text, so this judge has seen the pairs it ranks (its pair accuracy says so)."""
     path = str(cfg.data.path)
     by_domain: dict[str, list[PreferencePair]] = {}
     for pair in load_pairs(path, require=("domain",)):
@@ -66,4 +74,5 @@ def pair_judge(pairs: list[PreferencePair], domain: str, cfg: SentimentConfig, s
     first `response_words` words; replies under 5 words are left out)."""
     reviews = [Review(domain, i, rating, label, "", reply) for i, p in enumerate(pairs, start=1)
                for rating, label, reply in ((5.0, 1, p.chosen), (1.0, 0, p.rejected))]
-    return SentimentJudge(0, cfg.response_words, seed=seed).fit(reviews)
+    judge = SentimentJudge(0, cfg.response_words, seed=seed).fit(reviews)
+    return judge.score_pairs([p.chosen for p in pairs], [p.rejected for p in pairs])
