@@ -54,6 +54,8 @@ def test_agreement_rho_one_gives_identical_labelers_and_weights_have_rank_two():
     assert np.allclose(same, same[0])
     assert np.linalg.matrix_rank(labeler_weights(8, 5, 0.5, 0.0, rng)) == 2
     assert np.linalg.matrix_rank(labeler_weights(8, 5, 0.5, 0.3, rng)) == 5  # the tail breaks the shared rank
+    camps = labeler_weights(8, 5, 1.0, 0.0, np.random.default_rng(0), camps=True)  # identical, then odd ones negated
+    assert np.allclose(camps[0::2], same[0]) and np.allclose(camps[1::2], -same[0])
 
 
 def test_labels_follow_the_labelers_weights():

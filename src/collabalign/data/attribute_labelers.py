@@ -35,13 +35,18 @@ def standardise(raw: np.ndarray) -> np.ndarray:
     return (raw - raw.mean(0)) / np.where(std > 0, std, 1.0)
 
 
-def labeler_weights(m: int, n: int, rho: float, tail: float, rng: np.random.Generator) -> np.ndarray:
-    """(n, m) weights w_i = M c_i + tail * xi_i, M ~ N(0, 1/2) (m x 2), c_bar, z_i, xi_i ~ N(0, I)."""
+def labeler_weights(m: int, n: int, rho: float, tail: float, rng: np.random.Generator, camps: bool = False
+                    ) -> np.ndarray:
+    """(n, m) weights w_i = M c_i + tail * xi_i, M ~ N(0, 1/2) (m x 2), c_bar, z_i, xi_i ~ N(0, I); with `camps` the
+    odd-numbered labelers negate theirs (two camps that disagree however close rho makes them)."""
     if not 0.0 <= rho <= 1.0:
         raise ValueError(f"rho must be in [0, 1], got {rho}")
     shared = rng.standard_normal((m, 2)) / np.sqrt(2)
     c = np.sqrt(rho) * rng.standard_normal(2) + np.sqrt(1 - rho) * rng.standard_normal((n, 2))
-    return c @ shared.T + tail * rng.standard_normal((n, m))
+    weights = c @ shared.T + tail * rng.standard_normal((n, m))
+    if camps:
+        weights[1::2] *= -1
+    return weights
 
 
 def oracle_accuracy(beta: float, margins: np.ndarray) -> float:

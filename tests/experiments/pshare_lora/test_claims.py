@@ -7,7 +7,7 @@ import pytest
 from collabalign.experiments.pshare_lora import bandit, ordering, sweeps
 from collabalign.experiments.pshare_lora.config import FederatedConfig
 from collabalign.experiments.pshare_lora.federated import claims_for
-from collabalign.experiments.pshare_lora.text import LEARNED_PERSONAL, learned_claim
+from collabalign.experiments.pshare_lora.text import LEARNED_BEYOND_FEATURES, LEARNED_PERSONAL, learned_claim
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig
 
 SI = [0.70, 0.72, 0.71, 0.73, 0.69]
@@ -67,6 +67,13 @@ def test_a_source_is_learned_only_above_both_chance_and_the_frozen_backbone():
     personal = learned_claim({"global": list(base), "local": list(base - 0.1), "frozen": list(base)}, "HH-RLHF",
                              LEARNED_PERSONAL, "local")  # the personal claim reads LoRA-local, not LoRA-global
     assert personal["post_hoc"] and personal["verdict"] == "not reproduced"
+    # beating one shared frozen head is not beating a frozen backbone with a head per user
+    accuracy = {"local": list(base), "frozen": list(base - 0.1 + NOISE), "frozen_per_user": list(base + NOISE)}
+    assert learned_claim(accuracy, "HH-RLHF", LEARNED_PERSONAL, "local")["verdict"] == "reproduced"
+    beyond = learned_claim(accuracy, "HH-RLHF", LEARNED_BEYOND_FEATURES, "local", "frozen_per_user")
+    assert beyond["verdict"] != "reproduced" and beyond["worst_cell"] == "frozen_per_user"
+    assert learned_claim({"local": SI, "frozen": SI}, "HH-RLHF", LEARNED_BEYOND_FEATURES, "local",
+                         "frozen_per_user")["measured"]["not_run"]
 
 
 def curve(values, metric_fn, seeds=5, noise=0.02):

@@ -155,9 +155,10 @@ def test_share_rep_trains_only_the_top_blocks_per_user_from_the_first_step(backb
         assert not torch.allclose(weight[0] - head[0], weight[1] - head[1])
 
 
-def test_frozen_backbone_trains_only_its_one_score_head(backbone):
-    model, initial, head, phases = train_share_rep(backbone, "frozen")
-    assert len(phases) == 1 and model.pooled.head.weight.shape[0] == 1
+@pytest.mark.parametrize("method,heads", [("frozen", 1), ("frozen_per_user", 3)])
+def test_frozen_backbone_trains_only_its_score_heads(backbone, method, heads):
+    model, initial, head, phases = train_share_rep(backbone, method)
+    assert len(phases) == 1 and model.pooled.head.weight.shape[0] == heads
     for layer, (a, b) in zip(model.lora, initial, strict=True):  # every LoRA layer: untouched, a zero update
         assert not layer.A.requires_grad and torch.equal(layer.A, a) and torch.equal(layer.B, b) and not b.any()
     assert not torch.equal(model.pooled.head.weight, head)

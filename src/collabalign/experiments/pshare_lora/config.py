@@ -97,6 +97,7 @@ class TextConfig(Strict):
     n_test: NonNegativeInt = 300  # (tldr: 0 = 1,238 validation pairs per labeler)
     rho: Probability = 0.6  # agreement of the labelers' attribute weights
     tail: NonNegativeFloat = 0.0  # eta: individual deviations of the weights
+    camps: bool = False  # the odd-numbered labelers negate their weights: two camps that disagree
     oracle_accuracy: float = Field(0.77, gt=0.5, lt=1)  # beta is calibrated to this agreement with the own reward
     hh_pool: NonNegativeInt = 0  # HH pairs used (the file's first ones); 0: all 2,312
     max_length: PositiveInt = 96

@@ -27,7 +27,7 @@ from collabalign.models.reward import pair_correct, pair_texts
 from collabalign.seeding import Seeds
 
 TARGETS = ("query", "key")
-PER_USER_HEAD = ("local", "share_rep", "share_rep_phased")
+PER_USER_HEAD = ("local", "share_rep", "share_rep_phased", "frozen_per_user")
 
 
 def encode(backbone: Backbone, texts: Sequence[str], max_length: int, lora_blocks: int,

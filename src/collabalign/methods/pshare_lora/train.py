@@ -20,11 +20,12 @@ from collabalign.methods.pshare_lora.sharing import Mode, configure, project_, s
 from collabalign.models.reward import bt_loss
 
 METHODS = ("global", "local", "share_rep", "pshare_si", "pshare_g", "pshare_wu", "share_a", "full")
-VARIANTS = ("share_rep_phased", "share_rep_same_head", "frozen")  # run only where a config lists them
+VARIANTS = ("share_rep_phased", "share_rep_same_head", "frozen", "frozen_per_user")  # only where a config lists them
 LABELS = {"global": "LoRA-global", "local": "LoRA-local", "share_rep": "Share Rep", "pshare_si": "P-ShareLoRA (SI)",
           "pshare_g": "P-ShareLoRA (G)", "pshare_wu": "P-ShareLoRA (WU)", "share_a": "share-A ablation",
           "full": "full per-user matrices", "share_rep_phased": "Share Rep (global then personal; ablation)",
-          "share_rep_same_head": "Share Rep (same head)", "frozen": "frozen backbone (trained head)"}
+          "share_rep_same_head": "Share Rep (same head)", "frozen": "frozen backbone (trained head)",
+          "frozen_per_user": "frozen backbone (a head per user)"}
 GLOBAL: tuple[Mode, Mode] = ("shared", "shared")
 FROZEN: tuple[Mode, Mode] = ("frozen", "frozen")
 PERSONAL: tuple[Mode, Mode] = ("user", "user")
@@ -77,7 +78,7 @@ def schedule(method: str, n_layers: int, steps: int, lr: float, linear: bool = F
     floor(frozen_fraction * L) layers (or exactly `frozen_layers`) frozen and the top layers per-user, in one phase
     over the whole budget. The phased ablation: a global phase as long as G's, then that split at lr/3 like G.
     Frozen: every LoRA factor frozen at its initial zero update, so only a model's score head trains (the floor a
-    task must be learned above).
+    task must be learned above); with a head per user (`frozen_per_user`) the personalised floor.
     `linear`: the rate decays to 0 over the whole budget (the paper's schedule), else it is constant.
     """
     def rate(t: int) -> float:
@@ -95,7 +96,7 @@ def schedule(method: str, n_layers: int, steps: int, lr: float, linear: bool = F
     share_rep = [FROZEN] * bottom + [PERSONAL] * (n_layers - bottom)
     personal = {"global": GLOBAL, "local": PERSONAL, "pshare_si": ("user", "shared"), "share_a": ("shared", "user"),
                 "full": ("frozen", "user"), "share_rep": share_rep, "share_rep_same_head": share_rep,
-                "frozen": FROZEN}
+                "frozen": FROZEN, "frozen_per_user": FROZEN}
     if method in personal:
         return [phase(0, steps, personal[method])]
     if method == "pshare_wu":
