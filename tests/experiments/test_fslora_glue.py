@@ -136,3 +136,47 @@ def test_learned_tasks_needs_both_floors_confirmed():
     record = {"cells": {"A > chance": {"confirmed": True}, "A > frozen": {"confirmed": True},
                         "B > chance": {"confirmed": True}, "B > frozen": {"confirmed": False}}}
     assert glue.learned_tasks(record, ["A", "B", "C"]) == ["A"]
+
+
+def test_settings_added_later_key_new_runs_only_away_from_the_value_cached_runs_had():
+    from collabalign.experiments.fslora.runner import federation_settings
+    from collabalign.runs import fingerprint
+
+    cfg = load_config(config_path("fslora", quick=True), GLUE_TOY[:-1])[2]
+
+    def with_glue(**update):
+        return cfg.model_copy(update={"glue": cfg.glue.model_copy(update=update)})
+
+    legacy = with_glue(segments=False, pair_max_length=None, min_words={})
+    dump = legacy.glue.model_dump(mode="json", exclude={"tasks", "budget_task", "gate", "data", "segments",
+                                                         "pair_max_length", "min_words"})
+    fed = legacy.glue_federation()
+    old = {"glue": dump, "federation": fed.model_dump(mode="json", exclude={"optimizer", "weight_decay"})
+           | {"engine": legacy.engine.model_dump(mode="json")}, "budget_ratio": legacy.ablations.budget_ratio}
+    assert glue.glue_fingerprint(legacy) == fingerprint(old)  # the runs cached before these settings still match
+    assert federation_settings(fed, legacy.engine) == old["federation"]
+    for changed in (with_glue(segments=True), with_glue(pair_max_length=128), with_glue(min_words={"SST-2": 10})):
+        assert glue.glue_fingerprint(changed) != glue.glue_fingerprint(legacy)
+    adamw = fed.model_copy(update={"optimizer": "adamw"})
+    assert federation_settings(adamw, legacy.engine)["optimizer"] == "adamw"
+
+
+def test_min_words_leaves_sst2_phrases_out_of_training_and_pairs_get_their_own_length():
+    if shared_data_dir() is None:
+        pytest.skip("../shared/data not found")
+    from dataclasses import replace
+
+    from collabalign.methods.fslora.problems import glue_problem
+    from collabalign.seeding import Seeds
+
+    cfg = load_config(config_path("fslora", quick=True), [*GLUE_TOY[:-1], "glue.min_words={SST-2: 10}",
+                                                         "glue.pair_max_length=64"])[2]
+    setup = cfg.glue.setup(cfg.glue_federation(), "SST-2")
+    assert setup.min_words == 10 and cfg.glue.setup(cfg.glue_federation(), "MRPC").min_words == 0
+    assert setup.length(pairs=True) == 64 and setup.length(pairs=False) == 32
+    root = shared_data_dir() / "glue"
+    problem, train = glue_problem("SST-2", root, minilm_l6(), setup, Seeds(0))
+    phrases, _ = glue_problem("SST-2", root, minilm_l6(), replace(setup, min_words=0), Seeds(0))
+    words = [int(problem.model.cache.tokens.attention_mask[i].sum()) for i in train.x.tolist()]
+    short = [int(phrases.model.cache.tokens.attention_mask[i].sum()) for i in range(len(train))]
+    assert min(words) >= 10 + 2 and min(short) < 10  # 10 words are at least 10 word pieces, plus [CLS] and [SEP]

@@ -114,3 +114,20 @@ def test_text_caches_joined_keep_every_row_and_pad_with_zeros():
         start += len(part)
     tokens, features = joined.batch(torch.tensor([5, 0, 1]))
     assert tokens.input_ids.shape == (3, 5) and torch.equal(features, joined.features[[5, 0, 1], :5])
+
+
+@pytest.mark.real
+def test_segment_ids_mark_the_second_text_and_reach_the_encoder_cached_or_not():
+    backbone = minilm_l6()
+    model = reward_model(backbone, 2, ["query", "value"])
+    first, second = ["The cat sat on the mat.", "It rained."], ["A cat was sitting.", "The sun shone all day long."]
+    plain = tokenize(backbone.tokenizer, first, 48, second)
+    marked = tokenize(backbone.tokenizer, first, 48, second, segments=True)
+    assert plain.token_type_ids is None and torch.equal(marked.input_ids, plain.input_ids)
+    types, mask = marked.token_type_ids, marked.attention_mask
+    assert types[0, 0] == 0 and types[0][mask[0].bool()].max() == 1  # [CLS] a [SEP] is 0, b [SEP] is 1
+    assert tokenize(backbone.tokenizer, first, 48, segments=True).token_type_ids is None  # single texts: none
+    assert not torch.allclose(model(marked), model(plain))
+    split = len(layer_stack(model.backbone)[1]) - 2
+    cached = model(marked[:, :10], model.lower_features(marked[:, :10], split), split)
+    torch.testing.assert_close(cached, model(marked[:, :10]), rtol=1e-5, atol=1e-5)

@@ -48,8 +48,10 @@ class TextCache:
     def cat(caches: Sequence[TextCache]) -> TextCache:
         """The rows of every cache one after another, right-padded to the widest (their split must agree)."""
         width = max(c.tokens.input_ids.shape[1] for c in caches)
+        fields = ("input_ids", "attention_mask") + (("token_type_ids",) if caches[0].tokens.token_type_ids is not None
+                                                    else ())
         tokens = Tokens(*(torch.cat([F.pad(getattr(c.tokens, f), (0, width - c.tokens.input_ids.shape[1]))
-                                     for c in caches]) for f in ("input_ids", "attention_mask")))
+                                     for c in caches]) for f in fields))
         features = None
         if caches[0].features is not None:  # one copy: each cache into its rows, zeros only in the padding
             features = caches[0].features.new_empty(len(tokens), width, caches[0].features.shape[-1])
@@ -71,9 +73,11 @@ class TextCache:
 
 
 def cache_texts(model: PooledModel, tokenizer, texts: Sequence[str], max_length: int, split: int,
-                second: Sequence[str] | None = None, truncation_side: str = "left") -> TextCache:
-    """Tokenises the texts (or text pairs with `second`) and runs the frozen blocks below `split` once."""
-    tokens = tokenize(tokenizer, texts, max_length, second, truncation_side)
+                second: Sequence[str] | None = None, truncation_side: str = "left", segments: bool = False
+                ) -> TextCache:
+    """Tokenises the texts (or text pairs with `second`, with segment ids when `segments`) and runs the frozen blocks
+    below `split` once."""
+    tokens = tokenize(tokenizer, texts, max_length, second, truncation_side, segments)
     return TextCache(tokens, model.lower_features(tokens, split) if split > 0 else None, split)
 
 

@@ -17,13 +17,16 @@ from collabalign.models import last_token
 
 @dataclass
 class Tokens:
-    """Right-padded token ids and attention mask for a list of texts."""
+    """Right-padded token ids and attention mask for a list of texts; for text pairs tokenised with `segments`, the
+    segment ids too (0 for the first text, 1 for the second, as BERT-like encoders were pre-trained)."""
 
     input_ids: Tensor
     attention_mask: Tensor
+    token_type_ids: Tensor | None = None
 
     def __getitem__(self, rows) -> Tokens:
-        return Tokens(self.input_ids[rows], self.attention_mask[rows])
+        types = None if self.token_type_ids is None else self.token_type_ids[rows]
+        return Tokens(self.input_ids[rows], self.attention_mask[rows], types)
 
     def __len__(self) -> int:
         return len(self.input_ids)
@@ -33,18 +36,26 @@ class Tokens:
         return self[:, : int(self.attention_mask.sum(1).max())]
 
     def to(self, device: torch.device | str) -> Tokens:
-        return Tokens(self.input_ids.to(device), self.attention_mask.to(device))
+        types = None if self.token_type_ids is None else self.token_type_ids.to(device)
+        return Tokens(self.input_ids.to(device), self.attention_mask.to(device), types)
+
+    def inputs(self) -> dict[str, Tensor]:
+        """The backbone's keyword inputs: ids, mask and (when set) segment ids."""
+        out = {"input_ids": self.input_ids, "attention_mask": self.attention_mask}
+        return out if self.token_type_ids is None else {**out, "token_type_ids": self.token_type_ids}
 
 
 def tokenize(tokenizer, texts: Sequence[str], max_length: int, second: Sequence[str] | None = None,
-             truncation_side: str = "left") -> Tokens:
+             truncation_side: str = "left", segments: bool = False) -> Tokens:
     """Right-padded tokens of `texts` (or of text pairs with `second`). Left truncation (the default) keeps the
-    end of a dialogue, where the judged reply is."""
+    end of a dialogue, where the judged reply is. `segments`: text pairs keep the tokenizer's segment ids (when it
+    makes them), so the second text is segment 1."""
     tokenizer.truncation_side = truncation_side
     tokenizer.padding_side = "right"
     enc = tokenizer(list(texts), list(second) if second is not None else None, truncation=True,
                     max_length=max_length, padding=True, return_tensors="pt")
-    return Tokens(enc["input_ids"], enc["attention_mask"])
+    types = enc.get("token_type_ids") if segments and second is not None else None
+    return Tokens(enc["input_ids"], enc["attention_mask"], types)
 
 
 def layer_stack(model: nn.Module) -> tuple[str, nn.ModuleList]:
@@ -106,7 +117,7 @@ class PooledModel(nn.Module):
             final = last_token.block_at(top, self.backbone.rotary_emb, hidden, mask, last_real(mask), kv_bases)
             return self.head(self.backbone.norm(final))
         with self._from_features(features, split):
-            out = self.backbone(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
+            out = self.backbone(**tokens.inputs())
         return self.head(self.pool(out.last_hidden_state, tokens.attention_mask))
 
     @torch.no_grad()
@@ -140,7 +151,7 @@ class PooledModel(nn.Module):
         handle = block.register_forward_pre_hook(capture, with_kwargs=True)
         try:
             with self._from_features(features, split):
-                self.backbone(input_ids=tokens.input_ids, attention_mask=tokens.attention_mask)
+                self.backbone(**tokens.inputs())
         except _Stop:
             pass
         finally:

@@ -40,9 +40,11 @@ def max_diff(a, b):
 
 @pytest.mark.parametrize("lora", [True, False])
 @pytest.mark.parametrize("sizes", ["equal", "unequal"])
-def test_batched_local_training_equals_one_device_after_another_in_float64(lora, sizes, monkeypatch):
+@pytest.mark.parametrize("optimizer", ["sgd", "adamw"])
+def test_batched_local_training_equals_one_device_after_another_in_float64(lora, sizes, optimizer, monkeypatch):
     problem, clients, ranks = small_problem(dtype=torch.float64)
-    problem.sgd = LocalSGD(5, 0.1, batch_size=8, momentum=0.9, lora=lora)
+    problem.sgd = LocalSGD(5, 0.1 if optimizer == "sgd" else 0.01, batch_size=8, momentum=0.9, lora=lora,
+                           optimizer=optimizer, weight_decay=0.01)
     if sizes == "unequal":  # a device with fewer rows than the batch: its batches are smaller, rows routed by index
         clients["d0"] = clients["d0"][:5]
     assert len(set(ranks.values())) > 1  # different ranks: zero-padded blocks

@@ -36,13 +36,16 @@ class FederationConfig(Strict):
     eval_every: PositiveInt = 5
     lora_alpha: PositiveFloat = 1.0
     momentum: Momentum = 0.0  # local SGD momentum (fresh each round); the authors' GLUE code uses 0.9, eq. 4 none
+    optimizer: Literal["sgd", "adamw"] = "sgd"  # the devices' (and the references') local optimiser, fresh each round
+    weight_decay: Annotated[float, Field(ge=0)] = 0.0  # adamw only
     server_opt: Literal["sgd", "adam"] = "sgd"  # sgd = eq. 5; adam = the authors' code (FSLoRA/FedLoRA/HeteroLoRA)
     server_lr: PositiveFloat = 5e-4
     flexlora_sigma: Literal["B", "sqrt"] = "B"  # where FlexLoRA's singular values go (the code: all into B)
 
     def local_sgd(self, lr: float) -> LocalSGD:
         """A device's training per round under this federation, at step size `lr`."""
-        return LocalSGD(self.steps, lr, self.batch_size, self.momentum)
+        return LocalSGD(self.steps, lr, self.batch_size, self.momentum, optimizer=self.optimizer,
+                        weight_decay=self.weight_decay)
 
 
 class LabelledJsonl(Strict):
@@ -61,6 +64,9 @@ class GlueConfig(Strict):
     max_train: PositiveInt = 2000
     max_test: PositiveInt | None = None  # the first N dev rows (None: the whole dev split)
     max_length: PositiveInt = 64
+    pair_max_length: PositiveInt | None = None  # pair tasks (MRPC, RTE, STS-B, ...) cut here instead (None: max_length)
+    segments: bool = True  # pair tasks with segment ids (the second sentence is segment 1, as BERT was pre-trained)
+    min_words: dict[str, NonNegativeInt] = {}  # per task: training texts with fewer words left out, e.g. {SST-2: 10}
     lora_blocks: PositiveInt = 6  # LoRA in the top N blocks (the paper: every block); the blocks below run once
     targets: Grid[str] = ["query", "value"]
     dropout: Annotated[float, Field(ge=0, lt=1)] = 0.1  # LoRA dropout (the paper's Table A.1)
@@ -87,11 +93,13 @@ class GlueConfig(Strict):
         """The tasks the GLUE part runs: `tasks`, then the JSONL task when `data` is set."""
         return [*self.tasks, *([] if self.data is None else [self.data.name])]
 
-    def setup(self, fed: FederationConfig) -> GlueSetup:
-        """The method layer's settings of a GLUE problem under federation `fed` (lr: set per run by glue.py)."""
+    def setup(self, fed: FederationConfig, task: str) -> GlueSetup:
+        """The method layer's settings of one task's problem under federation `fed` (lr: set per run by glue.py)."""
         return GlueSetup(rank=fed.rank, sgd=fed.local_sgd(self.lr_grid[0]), max_train=self.max_train,
                          max_length=self.max_length, lora_blocks=self.lora_blocks, targets=tuple(self.targets),
-                         max_test=self.max_test, dropout=self.dropout, device=self.device)
+                         max_test=self.max_test, dropout=self.dropout, device=self.device,
+                         pair_max_length=self.pair_max_length, segments=self.segments,
+                         min_words=self.min_words.get(task, 0))
 
 
 class CommonsenseConfig(Strict):

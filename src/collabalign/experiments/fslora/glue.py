@@ -13,7 +13,7 @@ Every run is cached in the run folder, so a long main run that stops continues w
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import torch
@@ -27,7 +27,7 @@ from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices,
 from collabalign.experiments.fslora.scores import E1Scores
 from collabalign.experiments.selection import best, held_out_slice
 from collabalign.federation.engine import RoundFailed
-from collabalign.methods.fslora.problems import ClassificationData, LocalSGD, TorchLoRAProblem, glue_problem
+from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, glue_problem
 from collabalign.models.backbones import load_backbone
 from collabalign.runs import fingerprint
 from collabalign.seeding import Seeds
@@ -70,7 +70,7 @@ class GlueTask:
 def load_task(cfg: Config, task: str, backbone, runner: Runner) -> GlueTask:
     """The task's problem (a GLUE task, or the JSONL task `glue.data`); `select_fraction` of its training examples
     (seeded) held out for the grid choice."""
-    setup = cfg.glue.setup(runner.fed)
+    setup = cfg.glue.setup(runner.fed, task)
     if cfg.glue.data is not None and task == cfg.glue.data.name:
         problem, train = jsonl_problem(cfg.glue.data, backbone, setup)
     else:
@@ -109,8 +109,7 @@ def arm_run(runner: Runner, task: GlueTask, arm: str, seed: int, point: Point, o
         clients = devices(task.fit, fed, seed)
         spec = Arm(arm, fed.rank, fed.ratios if ratio is None else [ratio], rounds or fed.rounds)
     else:
-        problem.sgd = LocalSGD(fed.steps * fed.devices, point.lr, fed.batch_size, fed.momentum,
-                               lora=arm == "centralised")
+        problem.sgd = replace(fed.local_sgd(point.lr), steps=fed.steps * fed.devices, lora=arm == "centralised")
         clients = {"everyone": task.fit}
         spec = Arm("fedlora", fed.rank, [1.0], fed.rounds, name=arm)
     tag = {"experiment": "E1" if ratio is None else "E2", "problem": task.name, "lr": point.lr,
@@ -249,10 +248,16 @@ def selection_table(cfg: Config, choices: dict, chance: dict, plateau: dict) -> 
     return "\n".join(lines)
 
 
+# GLUE settings added after runs were cached, at the value those runs had: a setting at it stays out of the key,
+# so the cached runs still match; another value keys new runs
+LEGACY_GLUE = {"pair_max_length": None, "segments": False, "min_words": {}}
+
+
 def glue_fingerprint(cfg: Config) -> str:
     """Every setting that changes a GLUE run's numbers (not which tasks, seeds or arms run); with a JSONL task, its
     file's sha256 and dev fraction too."""
-    settings = {"glue": cfg.glue.model_dump(mode="json", exclude={"tasks", "budget_task", "gate", "data"}),
+    legacy = {k for k, v in LEGACY_GLUE.items() if getattr(cfg.glue, k) == v}  # as before these settings existed
+    settings = {"glue": cfg.glue.model_dump(mode="json", exclude={"tasks", "budget_task", "gate", "data"} | legacy),
                 "federation": federation_settings(cfg.glue_federation(), cfg.engine),
                 "budget_ratio": cfg.ablations.budget_ratio}
     if cfg.glue.data is not None:

@@ -101,9 +101,14 @@ def run_cache(run_path: Path, part: str) -> Path:
     return run_path / f"fslora_{part}_runs"
 
 
+LEGACY_FEDERATION = {"optimizer": "sgd", "weight_decay": 0.0}  # added later: out of the key at these values
+
+
 def federation_settings(fed: FederationConfig, engine: EngineOptions) -> dict:
-    """The federation's settings with the engine's options under its key "engine", as the cached runs are keyed."""
-    return fed.model_dump(mode="json") | {"engine": engine.model_dump(mode="json")}
+    """The federation's settings with the engine's options under its key "engine", as the cached runs are keyed
+    (settings added after runs were cached stay out of the key at the value those runs had)."""
+    legacy = {k for k, v in LEGACY_FEDERATION.items() if getattr(fed, k) == v}
+    return fed.model_dump(mode="json", exclude=legacy) | {"engine": engine.model_dump(mode="json")}
 
 
 def synthetic_fingerprint(cfg: Config) -> str:

@@ -1,8 +1,8 @@
 """What a device trains in the heterogeneous-rank LoRA family: a torch model whose adapted layers are
 `LoRALinear`s, plus a densely trained head. The algorithms only exchange numpy factors with it:
 
-- `local_train(factors, head, scale, base, data, rng)`: the `LocalSGD` steps (plain, or with momentum whose state
-  starts fresh every round, as the authors' GLUE code) on rank-k blocks
+- `local_train(factors, head, scale, base, data, rng)`: the `LocalSGD` steps (plain SGD, with momentum, or AdamW,
+  the optimiser's state fresh every round as in the authors' GLUE code) on rank-k blocks
   {layer: (B (m, k), A (k, n))} with y = (W0 + base) x + scale * B A x; returns the trained blocks and head.
   LoRA dropout (if the layers have it) is the only dropout on, with masks drawn from `rng`.
 - `evaluate(delta, head)`: metrics of W0 + delta (dense, per layer) and the head on the held-out set.
@@ -40,14 +40,27 @@ Factors = dict[str, tuple[np.ndarray, np.ndarray]]  # layer -> (B (m, k), A (k, 
 
 @dataclass(frozen=True)
 class LocalSGD:
-    """A device's training in one round: `steps` minibatch SGD steps (momentum state fresh every round); with
-    `lora` False only the head trains (LoRA off, the factors come back unchanged: the frozen-backbone baseline)."""
+    """A device's training in one round: `steps` minibatch steps of SGD (with `momentum`) or AdamW (with
+    `weight_decay`), the optimiser's state fresh every round; with `lora` False only the head trains (LoRA off, the
+    factors come back unchanged: the frozen-backbone baseline)."""
 
     steps: int
     lr: float
     batch_size: int = 16
     momentum: float = 0.0
     lora: bool = True
+    optimizer: str = "sgd"  # sgd | adamw
+    weight_decay: float = 0.0  # adamw only
+
+    def __post_init__(self) -> None:
+        if self.optimizer not in ("sgd", "adamw"):
+            raise ValueError(f"optimizer must be sgd or adamw, got {self.optimizer!r}")
+
+    def make(self, params: list[Tensor]) -> torch.optim.Optimizer:
+        """A fresh optimiser over `params` (elementwise, so devices stacked in one tensor train as one by one)."""
+        if self.optimizer == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
 
 
 class LocalJob(NamedTuple):
@@ -152,7 +165,7 @@ class TorchLoRAProblem:
         lora = self.sgd.lora
         self.load(factors if lora else None, head, scale, base)
         params = [p for layer in self.layers.values() for p in (layer.B, layer.A)] if lora else []
-        optimizer = torch.optim.SGD(params + list(self.head.values()), lr=self.sgd.lr, momentum=self.sgd.momentum)
+        optimizer = self.sgd.make(params + list(self.head.values()))
         dropout = lora and any(isinstance(layer.dropout, nn.Dropout) for layer in self.layers.values())
         seed = int(torch.randint(2**62, (1,), generator=rng)) if dropout else None  # no draw: runs without it as before
         with self._training(lora), self._seeded(seed):
@@ -191,7 +204,7 @@ class TorchLoRAProblem:
         with stacked(self.model, factors if lora else None, [job.scale for job in jobs], heads) as stack, \
                 self._training(lora):
             route(self.model, routing(sizes, self.device))
-            optimizer = torch.optim.SGD(stack.params, lr=sgd.lr, momentum=sgd.momentum)
+            optimizer = sgd.make(stack.params)
             for step in steps:
                 batch = data[step]
                 logits, y = self.model(batch.x.to(self.device)), batch.y.to(self.device)
@@ -331,6 +344,13 @@ class GlueSetup:
     max_test: int | None = None
     device: str = "cpu"
     dropout: float = 0.0
+    pair_max_length: int | None = None  # text pairs cut at this many tokens instead (None: max_length)
+    segments: bool = False  # text pairs with segment ids (the second text is segment 1)
+    min_words: int = 0  # training texts (single-text tasks) with fewer words are left out: SST-2's phrases
+
+    def length(self, pairs: bool) -> int:
+        """Tokens a text (or, with `pairs`, a text pair) is cut at."""
+        return (self.pair_max_length or self.max_length) if pairs else self.max_length
 
 
 def glue_problem(task: str, root: Path | None, backbone: Backbone, setup: GlueSetup,
@@ -344,13 +364,17 @@ def glue_problem(task: str, root: Path | None, backbone: Backbone, setup: GlueSe
         rows = np.sort(seeds.numpy("glue-dev-subset", task).permutation(len(dev_set.labels))[:setup.max_test])
         dev_set = replace(dev_set, text_a=[dev_set.text_a[i] for i in rows], labels=dev_set.labels[rows],
                           text_b=None if dev_set.text_b is None else [dev_set.text_b[i] for i in rows])
-    keep = np.sort(seeds.numpy("glue-subset", task).permutation(len(train_set))[:setup.max_train])
+    usable = np.arange(len(train_set))
+    if setup.min_words and train_set.text_b is None:
+        usable = np.array([i for i, t in enumerate(train_set.text_a) if len(t.split()) >= setup.min_words])
+    keep = np.sort(usable[seeds.numpy("glue-subset", task).permutation(len(usable))[:setup.max_train]])
     pick = (lambda xs, rows: [xs[i] for i in rows])
     text_a = pick(train_set.text_a, keep) + dev_set.text_a
     text_b = pick(train_set.text_b, keep) + dev_set.text_b if train_set.text_b is not None else None
     pooled = PooledModel(copy.deepcopy(backbone.model).eval(), backbone.causal, train_set.num_labels)  # caller's stays
     split = lora_top_blocks(pooled, setup.lora_blocks, setup.targets, setup.rank, dropout=setup.dropout)
-    cache = cache_texts(pooled, backbone.tokenizer, text_a, setup.max_length, split, text_b, truncation_side="right")
+    cache = cache_texts(pooled, backbone.tokenizer, text_a, setup.length(text_b is not None), split, text_b,
+                        truncation_side="right", segments=setup.segments)
     model = CachedModel(pooled.to(setup.device), cache)
     labels = torch.from_numpy(np.concatenate([train_set.labels[keep], dev_set.labels]))
     rows = torch.arange(len(labels))
