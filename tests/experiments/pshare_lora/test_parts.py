@@ -12,7 +12,7 @@ from collabalign.experiments.pshare_lora.bandit import bandit_part, summarise
 from collabalign.experiments.pshare_lora.config import BanditConfig, FederatedConfig, TextConfig
 from collabalign.experiments.pshare_lora.federated import federated_part
 from collabalign.experiments.pshare_lora.ordering import CLAIMS
-from collabalign.experiments.pshare_lora.text import LEARNED, LEARNED_PERSONAL, text_part
+from collabalign.experiments.pshare_lora.text import LEARNED, LEARNED_BEYOND_FEATURES, LEARNED_PERSONAL, text_part
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
 from collabalign.runs import RunDir
 from tests.data.helpers import write_hh
@@ -138,7 +138,7 @@ def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_di
     assert {r["method"] for r in parts[0].records} == set(TEXT.methods)
     names = [c["name"] for c in parts[0].claims]
     assert names == [f"{source}: {c.name}" for source in ("TL;DR-like", "HH-RLHF")
-                     for c in (LEARNED, LEARNED_PERSONAL, *CLAIMS)]
+                     for c in (LEARNED, LEARNED_PERSONAL, LEARNED_BEYOND_FEATURES, *CLAIMS)]
     by_name = dict(zip(names, parts[0].claims, strict=True))
     learned = by_name[f"HH-RLHF: {LEARNED.name}"]  # decided before the ordering: above chance and the frozen head
     assert learned["n"] == 2 and set(learned["cells"]) == {"chance", "frozen"}

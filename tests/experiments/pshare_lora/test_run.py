@@ -49,12 +49,12 @@ def test_every_declared_claim_is_in_the_summary_with_its_rule(toy_runs):
     summary = json.loads((toy_runs[0] / "summary.json").read_text())
     records = summary["claims"]
     claims = declared(ordering, sweeps, bandit, federated, text)
-    assert len(claims) == 7 + 12 + 5 + 3 + 2
+    assert len(claims) == 7 + 12 + 5 + 3 + 3
     for claim in claims:
         found = [r for r in records if claim.name in r["name"]]
         assert found, claim.name
         assert all(r["rule"] == claim.rule and r["post_hoc"] == claim.post_hoc for r in found), claim.name
-    assert sum("TL;DR-like: " in r["name"] for r in records) == 2 + len(ordering.CLAIMS)  # learned, then order
+    assert sum("TL;DR-like: " in r["name"] for r in records) == 3 + len(ordering.CLAIMS)  # learned, then order
     assert {r["verdict"] for r in records} <= {"reproduced", "not reproduced", "inconclusive"}
     assert all({"rule", "n", "estimate", "interval", "margin", "post_hoc", "measured"} <= set(r) for r in records)
     g_beats = next(r for r in records if r["name"] == "P-ShareLoRA (G) beats every baseline")

@@ -5,6 +5,7 @@ are the mean of the last two evaluated rounds."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import numpy as np
@@ -87,10 +88,11 @@ def cached_run(runner: LMRunner, arm: Arm, seed: int, folder: Path, fingerprint:
     fingerprint (every setting that changes its numbers) finished there before, else run and saved: a main run
     killed midway, or split across processes (lm.only) into one folder, continues to the same results."""
     def compute() -> dict:
+        start = time.perf_counter()
         records, ledger = runner.run(arm, seed, progress)
         wants_samples = seed == 0 and (arm.name == "firm" or arm.name.startswith("p1/p2"))
         return {"records": records, "ledger": [list(row) for row in ledger.rows],
-                "samples": runner.samples() if wants_samples else None}
+                "samples": runner.samples() if wants_samples else None, "seconds": time.perf_counter() - start}
 
     return cached_json(folder / f"{arm.name.replace('/', '_')}__seed{seed}.json", fingerprint, compute)
 
@@ -102,12 +104,14 @@ def part(config: Config, rewards, seeds: Seeds, run_dir: RunDir, data_root: Path
     runner = LMRunner(config, rewards, seeds, data_root)
     with runner.policy.reference():
         samples = {"base model": runner.samples()}
-    results, ledgers, records = {}, {}, []
+    results, ledgers, records, seconds = {}, {}, [], {}
     for arm in arms(cfg):
         results[arm.name] = []
         for s in range(cfg.seeds):
             done = cached_run(runner, arm, s, run_dir.path / "lm_runs", fingerprint, progress)
             results[arm.name].append(done["records"])
+            if "seconds" in done:  # runs cached before the cost was recorded have none
+                seconds.setdefault(arm.name, []).append(done["seconds"])
             records += [{"part": "lm", "arm": arm.name, "seed": s, **r} for r in done["records"]]
             if s == 0:
                 ledgers[arm.name] = Ledger([tuple(row) for row in done["ledger"]])
@@ -122,18 +126,28 @@ def part(config: Config, rewards, seeds: Seeds, run_dir: RunDir, data_root: Path
              f"of {cfg.batch_size}, {cfg.max_new_tokens} new tokens, {cfg.seeds} seeds; {len(runner.prompts.train)} "
              f"train and {len(runner.prompts.eval)} held-out prompts ({runner.prompts.dropped_long} longer than "
              f"{cfg.max_prompt_tokens} tokens left out).{label}"]
+    if all("eval_capped" in r[0] for runs in results.values() for r in runs):
+        base = np.mean([r[0]["eval_capped"] for runs in results.values() for r in runs])
+        trained = np.mean([final(r, "eval_capped") for runs in results.values() for r in runs])
+        notes.append(f"Replies that reach the {cfg.max_new_tokens}-token cap: {base:.0%} of the base model's, "
+                     f"{trained:.0%} of the trained policies' (mean over arms and seeds); the rewards score the text "
+                     "up to the cap, and neither is a function of length.")
     gates = [c for c in decided if c["name"] in {g.name for g in GATES}]
     if failed := [c for c in gates if not claims.confirmed(c)]:
         named = "; ".join(f"\"{c['name']}\" is {c['verdict']}" for c in failed)
         notes.append(f"**Learning not shown:** {named}. The comparisons between arms below rank methods on a task "
                      "this run did not show to be learned; read them as checks that the arms behave alike, not as "
                      "evidence for the paper's orderings.")
+    if seconds:
+        notes.append("Cost per run (one thread, mean over the seeds that recorded it): " + ", ".join(
+            f"{arm} {np.mean(t) / 60:.1f} min" for arm, t in seconds.items()) + ".")
     notes.append(table1(cfg.samples, samples))
     metrics = {"lm": {arm: {"final_helpful": [final(r, "eval_helpful") for r in runs],
                             "final_harmless": [final(r, "eval_harmless") for r in runs],
                             "lambda_help": [final(r, "lambda_0", last=10**6) for r in runs],
                             "lambda_dispersion": [final(r, "lambda_dispersion", last=10**6) for r in runs]}
-                      for arm, runs in results.items()}, "lm_samples": samples}
+                      for arm, runs in results.items()}, "lm_samples": samples,
+               "lm_seconds": {arm: [round(x, 1) for x in t] for arm, t in seconds.items()}}
     return Part(claims=decided, records=records, metrics=metrics, notes=notes)
 
 

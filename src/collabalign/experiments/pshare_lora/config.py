@@ -118,8 +118,8 @@ class TextConfig(Strict):
     lr_grid: Grid[PositiveFloat] = [3e-3]
     select_fraction: float = Field(0.2, gt=0, lt=1)
     linear_schedule: bool = True
-    methods: Grid[TextMethod] = ["global", "frozen", "local", "share_rep", "share_rep_same_head", "pshare_si",
-                                 "pshare_g", "pshare_wu", "share_a"]  # the phased Share Rep ablation only when listed
+    methods: Grid[TextMethod] = ["global", "frozen", "frozen_per_user", "local", "share_rep", "share_rep_same_head",
+                                 "pshare_si", "pshare_g", "pshare_wu", "share_a"]  # the phased Share Rep: when listed
 
     @model_validator(mode="after")
     def _data_iff_jsonl(self) -> TextConfig:

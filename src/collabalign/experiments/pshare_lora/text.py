@@ -264,8 +264,7 @@ def learned_claim(accuracy: dict[str, list[float]], name: str, learned: Claim = 
         return not_run(claim, f"needs {LABELS[method]} and {LABELS[floor]} (text.methods: {method}, {floor})")
     trained, frozen = np.asarray(accuracy[method]), np.asarray(accuracy[floor])
     return claim.decide_cells({"chance": (trained, np.full_like(trained, 0.5)), floor: (trained, frozen)},
-                              mean_accuracy={LABELS[method]: float(trained.mean()),
-                                             LABELS[floor]: float(frozen.mean())})
+                              mean_accuracy={LABELS[method]: float(trained.mean()), floor: float(frozen.mean())})
 
 
 def table(name: str, acc: dict, methods: list[str], oracle: np.ndarray) -> str:
