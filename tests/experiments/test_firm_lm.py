@@ -104,7 +104,8 @@ def test_a_prompts_jsonl_replaces_the_shared_prompts(tmp_path, monkeypatch):
                  "--no-progress"]) == 0
     report = (out / "report.md").read_text()
     assert "8 train and 2 held-out prompts (1 longer than 256 tokens left out)" in report
-    assert "helpfulness here is relevance" in report
+    assert "helpfulness here is relevance" in report and "The base model on the final rounds' sampling" in report
+    assert "Cost per run (one thread" in report and "reach the 3-token cap" in report
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     trained = [r for r in records if r.get("arm") == "firm" and r["round"] == 1][0]
     assert 0 <= trained["eval_capped"] <= 1 and trained["kl_coef"] > 0 and "train_kl" in trained

@@ -138,6 +138,13 @@ def part(config: Config, rewards, seeds: Seeds, run_dir: RunDir, data_root: Path
         notes.append(f"**Learning not shown:** {named}. The comparisons between arms below rank methods on a task "
                      "this run did not show to be learned; read them as checks that the arms behave alike, not as "
                      "evidence for the paper's orderings.")
+    same_streams = {k: float(np.mean([runner.base_on(t)[k] for t in (cfg.rounds - 1, cfg.rounds) if t > 0]))
+                    for k in ("eval_helpful", "eval_harmless")}
+    base0 = runner.base_on(0)
+    notes.append(f"The base model on the final rounds' sampling streams: helpfulness "
+                 f"{same_streams['eval_helpful']:.3f}, harmlessness {same_streams['eval_harmless']:.3f} (on round "
+                 f"0's, the gates' baseline: {base0['eval_helpful']:.3f}, {base0['eval_harmless']:.3f}); the "
+                 "difference is evaluation noise that the gates' constant baseline does not carry.")
     if seconds:
         notes.append("Cost per run (one thread, mean over the seeds that recorded it): " + ", ".join(
             f"{arm} {np.mean(t) / 60:.1f} min" for arm, t in seconds.items()) + ".")
@@ -147,7 +154,8 @@ def part(config: Config, rewards, seeds: Seeds, run_dir: RunDir, data_root: Path
                             "lambda_help": [final(r, "lambda_0", last=10**6) for r in runs],
                             "lambda_dispersion": [final(r, "lambda_dispersion", last=10**6) for r in runs]}
                       for arm, runs in results.items()}, "lm_samples": samples,
-               "lm_seconds": {arm: [round(x, 1) for x in t] for arm, t in seconds.items()}}
+               "lm_seconds": {arm: [round(x, 1) for x in t] for arm, t in seconds.items()},
+               "lm_base_on_final_streams": same_streams}
     return Part(claims=decided, records=records, metrics=metrics, notes=notes)
 
 

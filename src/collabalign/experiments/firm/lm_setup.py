@@ -102,13 +102,13 @@ class LMRunner:
         self.rollouts = Rollouts(cfg.batches, cfg.batch_size, cfg.max_new_tokens,
                                  max_prompt_tokens=cfg.max_prompt_tokens)
         self.prompts = lm_prompts(cfg, data_root, self.prompt_tokens, seeds.numpy("firm/lm/prompts"))
-        self.base_eval: dict | None = None  # LoRA starts at B = 0 and the eval stream depends on the round only
+        self.base_evals: dict[int, dict] = {}  # LoRA starts at B = 0 and the eval stream depends on the round only
 
     def evaluate(self, policy: Policy, round_: int) -> dict[str, float]:
         """Mean helpful and harmless reward of the global model on the fixed held-out prompts; the sampling stream
         depends on the round only, so every arm and seed is scored on the same draws of the generator."""
-        if round_ == 0 and self.base_eval is not None:  # round 0 is the base model for every arm and seed
-            return self.base_eval
+        if round_ == 0 and 0 in self.base_evals:  # round 0 is the base model for every arm and seed
+            return self.base_evals[0]
         prompts = [p for p in self.prompts.eval for _ in range(self.cfg.eval_samples)]
         rollout = policy.generate(prompts, self.cfg.max_new_tokens, generator=Seeds(0).torch("firm/eval", round_),
                                   max_prompt_tokens=self.cfg.max_prompt_tokens)
@@ -118,8 +118,15 @@ class LMRunner:
                "eval_length": float(lengths.float().mean()),
                "eval_capped": float((lengths == self.cfg.max_new_tokens).float().mean())}
         if round_ == 0:
-            self.base_eval = out
+            self.base_evals[0] = out
         return out
+
+    def base_on(self, round_: int) -> dict[str, float]:
+        """The base model (adapters off) scored on round `round_`'s evaluation stream, computed once."""
+        if round_ not in self.base_evals:
+            with self.policy.reference():
+                self.base_evals[round_] = self.evaluate(self.policy, round_)
+        return self.base_evals[round_]
 
     def client_data(self, arm: Arm, seed: int) -> dict[str, ClientData]:
         """The train prompts split across the arm's clients (iid or Dirichlet over topics), with their RMs."""

@@ -210,9 +210,9 @@ class FederatedPPO:
         out: dict = {}
         if self.rule.kind == "server" and round_ % 2 == 1:
             return out  # gradient phase: nothing trained yet
-        if self.evaluate_fn is not None:
+        if self.evaluate_fn is not None:  # by training round, so every rule is scored on the same draws
             self.policy.load_adapter_state(state["params"])
-            out.update(self.evaluate_fn(self.policy, round_))
+            out.update(self.evaluate_fn(self.policy, round_ // self.engine_rounds_per_round))
         logs = [c.state["lambda_log"] for c in clients.values() if "lambda_log" in c.state]
         if round_ > 0 and logs and all(len(x) == len(logs[0]) for x in logs):
             out.update(lambda_stats(np.stack(logs)))
