@@ -133,6 +133,10 @@ def test_single_objective_gates_and_the_monotone_front_are_decided_from_the_pref
     for gate in (lm.LEARNED, lm.LEARNED_HARMLESS, lm.LEARNED_HELPFUL, lm.MONOTONE, lm.PREFERENCE):
         assert decided[gate.name]["verdict"] == "reproduced", gate.name
     assert decided[lm.LEARNED_HELPFUL.name]["measured"]["arm"] == "p1/p2=10"
+    assert all(decided[c.name]["measured"]["not_run"] for c in lm.SAME_STREAMS.values())  # no base on those streams
+    matched = {c["name"]: c for c in lm.decide(cfg, results, {}, None, {"eval_helpful": 0.6, "eval_harmless": 0.6})}
+    verdicts = [matched[c.name]["verdict"] for c in lm.SAME_STREAMS.values()]
+    assert verdicts == ["not reproduced", "reproduced", "reproduced"]  # 0.55 / 0.7 / 0.62 against 0.6
     # the helpful-leaning arm does not learn: its gate fails, and a front that folds back is not monotone
     results["p1/p2=10"] = synthetic_runs(0.5, 0.65)
     decided = {c["name"]: c for c in lm.decide(cfg, results, {}, runner=None)}

@@ -38,6 +38,13 @@ LEARNED_HELPFUL = claims.superiority(
     "final held-out helpfulness at the sweep's largest p1/p2 above the base model's (round 0), per seed",
     smallest_effect=LEARN_MARGIN)
 GATES = (LEARNED, LEARNED_HARMLESS, LEARNED_HELPFUL)  # the arms are ranked only on a task shown to be learned
+# Written after the first main run: the gates above compare with the base model on round 0's sampling stream, a
+# constant that carries that stream's evaluation noise (harmlessness 0.684 there, 0.726 on the final rounds' streams);
+# scored on the same streams as the trained policies (common random numbers), that noise cancels.
+SAME_STREAMS = {claim.name: claims.superiority(
+    claim.name.replace(" above the base model", " above the base model on the same sampling streams"),
+    claim.expected.replace("(round 0)", "on the final rounds' sampling streams"), smallest_effect=LEARN_MARGIN,
+    post_hoc=True) for claim in GATES}
 RQ1 = claims.non_inferiority(
     "[LM] RQ1: FIRM comparable to or better than FedCMOO-A on both rewards",
     f"final held-out reward FIRM - FedCMOO-A above -{REWARD_MARGIN} for helpfulness and harmlessness, Holm over "
@@ -69,7 +76,8 @@ UPLOAD = claims.exact(
     "[LM] FIRM uploads d floats per client per round, FedCMOO-A M·d more (its gradient phase)",
     "array bytes uploaded by FedCMOO-A's gradient phase / FIRM's adapter upload = M = 2, from the ledger")
 
-CLAIMS = (*GATES, RQ1, UPLOAD, DISPERSION, DISPERSION_ENDS, BETA0_WORSE, PREFERENCE, MONOTONE)
+CLAIMS = (*GATES, *SAME_STREAMS.values(), RQ1, UPLOAD, DISPERSION, DISPERSION_ENDS, BETA0_WORSE, PREFERENCE,
+          MONOTONE)
 
 
 def not_run_part(reason: str) -> Part:
@@ -117,7 +125,9 @@ def part(config: Config, rewards, seeds: Seeds, run_dir: RunDir, data_root: Path
                 ledgers[arm.name] = Ledger([tuple(row) for row in done["ledger"]])
                 if done["samples"] is not None:
                     samples[arm.name] = done["samples"]
-    decided = decide(cfg, results, ledgers, runner)
+    same_streams = {k: float(np.mean([runner.base_on(t)[k] for t in (cfg.rounds - 1, cfg.rounds) if t > 0]))
+                    for k in ("eval_helpful", "eval_harmless")}
+    decided = decide(cfg, results, ledgers, runner, same_streams)
     earlier = {k: v for k, v in run_dir.read_ledgers().items() if not k.startswith("lm ")}  # the synthetic parts'
     run_dir.write_ledgers({**earlier, **{f"lm {arm} seed 0": led for arm, led in ledgers.items()}})
     lm_plots.plot_all(run_dir.path / "plots", results)
@@ -132,14 +142,12 @@ def part(config: Config, rewards, seeds: Seeds, run_dir: RunDir, data_root: Path
         notes.append(f"Replies that reach the {cfg.max_new_tokens}-token cap: {base:.0%} of the base model's, "
                      f"{trained:.0%} of the trained policies' (mean over arms and seeds); the rewards score the text "
                      "up to the cap, and neither is a function of length.")
-    gates = [c for c in decided if c["name"] in {g.name for g in GATES}]
+    gates = [c for c in decided if c["name"] in {g.name for g in (*GATES, *SAME_STREAMS.values())}]
     if failed := [c for c in gates if not claims.confirmed(c)]:
         named = "; ".join(f"\"{c['name']}\" is {c['verdict']}" for c in failed)
         notes.append(f"**Learning not shown:** {named}. The comparisons between arms below rank methods on a task "
                      "this run did not show to be learned; read them as checks that the arms behave alike, not as "
                      "evidence for the paper's orderings.")
-    same_streams = {k: float(np.mean([runner.base_on(t)[k] for t in (cfg.rounds - 1, cfg.rounds) if t > 0]))
-                    for k in ("eval_helpful", "eval_harmless")}
     base0 = runner.base_on(0)
     notes.append(f"The base model on the final rounds' sampling streams: helpfulness "
                  f"{same_streams['eval_helpful']:.3f}, harmlessness {same_streams['eval_harmless']:.3f} (on round "
@@ -170,7 +178,8 @@ def table1(prompts: list[str], samples: dict[str, list[str]]) -> str:
                       "|---|---|---|", *rows])
 
 
-def decide(cfg: LMConfig, results: dict[str, list[list[dict]]], ledgers: dict, runner: LMRunner) -> list[dict]:
+def decide(cfg: LMConfig, results: dict[str, list[list[dict]]], ledgers: dict, runner: LMRunner,
+           base_final: dict[str, float] | None = None) -> list[dict]:
     """Every declared LM claim on the arms that ran; a claim whose arms did not run is recorded as not run."""
     def per_seed(arm: str, key: str, last: int = 2) -> np.ndarray:
         return np.array([final(r, key, last) for r in results[arm]])
@@ -188,6 +197,7 @@ def decide(cfg: LMConfig, results: dict[str, list[list[dict]]], ledgers: dict, r
         base0 = np.array([(r[0][both[0]] + r[0][both[1]]) / 2 for r in results["firm"]])
         out.append(LEARNED.decide(mean, base0, firm=mean.mean(), base_model=base0.mean()))
     out += single_objective_gates(cfg, results, per_seed)
+    out += same_stream_gates(cfg, results, per_seed, base_final)
     if why := missing("firm", "fedcmoo-a"):
         out += [claims.not_run(RQ1, why), claims.not_run(UPLOAD, why)]
     else:
@@ -224,6 +234,28 @@ def single_objective_gates(cfg: LMConfig, results: dict, per_seed) -> list[dict]
         arm = f"p1/p2={ratio:g}"
         trained, base = per_seed(arm, key), np.array([r[0][key] for r in results[arm]])
         out.append(claim.decide(trained, base, arm=arm, trained=trained.mean(), base_model=base.mean()))
+    return out
+
+
+def same_stream_gates(cfg: LMConfig, results: dict, per_seed, base: dict[str, float] | None) -> list[dict]:
+    """The three gates against the base model scored on the final rounds' own sampling streams (`base`)."""
+    post_hoc = [SAME_STREAMS[g.name] for g in GATES]
+    ratios = sorted(r for r in cfg.preferences if f"p1/p2={r:g}" in results)
+    if base is None:
+        return [claims.not_run(c, "no base model scored on the final rounds' streams") for c in post_hoc]
+    out = []
+    if "firm" in results:
+        mean = (per_seed("firm", "eval_helpful") + per_seed("firm", "eval_harmless")) / 2
+        reference = (base["eval_helpful"] + base["eval_harmless"]) / 2
+        out.append(post_hoc[0].decide(mean, reference, firm=mean.mean(), base_model=reference))
+    else:
+        out.append(claims.not_run(post_hoc[0], "arms not run: firm"))
+    if len(ratios) < 2:
+        return out + [claims.not_run(c, "fewer than 2 preference vectors ran") for c in post_hoc[1:]]
+    for claim, ratio, key in ((post_hoc[1], ratios[0], "eval_harmless"), (post_hoc[2], ratios[-1], "eval_helpful")):
+        trained = per_seed(f"p1/p2={ratio:g}", key)
+        out.append(claim.decide(trained, base[key], arm=f"p1/p2={ratio:g}", trained=trained.mean(),
+                                base_model=base[key]))
     return out
 
 
