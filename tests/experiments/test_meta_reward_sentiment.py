@@ -40,7 +40,8 @@ def test_every_claim_is_decided_under_both_protocols_and_cells_are_cached(tmp_pa
     for c in summary["claims"]:
         assert c["verdict"] in {"reproduced", "not reproduced", "inconclusive"} and c["n"] == 3
     metrics = summary["metrics"]["sentiment"]
-    assert 0.5 < metrics["judges"]["kitchen"]["accuracy"] <= 1 and 0 <= metrics["judges"]["kitchen"]["pair_accuracy"] <= 1
+    judge = metrics["judges"]["kitchen"]
+    assert 0.5 < judge["accuracy"] <= 1 and 0 <= judge["pair_accuracy"] <= 1
     assert set(metrics["held_out_apl"]) >= {"sft", "ours@1", "ours@4", "ours-matched@1", "bt+rwr@4", "dpo@1",
                                             "hpl", "ppo(tr)@1", "ppo(tr+te)@4", "oracle@1"}
     assert all(0 <= v <= 1 for m in metrics["held_out_apl"].values() for v in m.values())
