@@ -11,9 +11,10 @@ from collabalign.policy.rollout import Rollout
 
 
 def rloo_advantages(rewards: Tensor, k: int) -> Tensor:
-    """r_i minus the mean of the other k - 1 rewards of its group, for rows grouped as k consecutive samples."""
-    grouped = rewards.reshape(-1, k)
-    return (grouped - (grouped.sum(1, keepdim=True) - grouped) / (k - 1)).reshape(-1)
+    """r_i minus the mean of the other k - 1 rewards of its group, for rows grouped as k consecutive samples; rewards
+    (N,) or (N, M), one column per objective."""
+    grouped = rewards.reshape(-1, k, *rewards.shape[1:])
+    return (grouped - (grouped.sum(1, keepdim=True) - grouped) / (k - 1)).reshape(rewards.shape)
 
 
 def rloo_step(policy: Policy, opt: torch.optim.Optimizer, rollout: Rollout, rewards: Tensor, k: int,

@@ -225,37 +225,34 @@ def decide(cfg: LMConfig, results: dict[str, list[list[dict]]], ledgers: dict, r
 def single_objective_gates(cfg: LMConfig, results: dict, per_seed) -> list[dict]:
     """Each reward learned on its own: the sweep's most harmless-leaning and most helpful-leaning preference arms
     against the base model (round 0, the same for every seed)."""
-    ratios = sorted(r for r in cfg.preferences if f"p1/p2={r:g}" in results)
-    if len(ratios) < 2:
-        return [claims.not_run(c, "fewer than 2 preference vectors ran") for c in (LEARNED_HARMLESS, LEARNED_HELPFUL)]
-    out = []
-    for claim, ratio, key in ((LEARNED_HARMLESS, ratios[0], "eval_harmless"), (LEARNED_HELPFUL, ratios[-1],
-                                                                               "eval_helpful")):
-        arm = f"p1/p2={ratio:g}"
-        trained, base = per_seed(arm, key), np.array([r[0][key] for r in results[arm]])
-        out.append(claim.decide(trained, base, arm=arm, trained=trained.mean(), base_model=base.mean()))
-    return out
+    return preference_gates(cfg, results, per_seed, (LEARNED_HARMLESS, LEARNED_HELPFUL),
+                            lambda runs, key: np.array([r[0][key] for r in runs]))
 
 
 def same_stream_gates(cfg: LMConfig, results: dict, per_seed, base: dict[str, float] | None) -> list[dict]:
     """The three gates against the base model scored on the final rounds' own sampling streams (`base`)."""
     post_hoc = [SAME_STREAMS[g.name] for g in GATES]
-    ratios = sorted(r for r in cfg.preferences if f"p1/p2={r:g}" in results)
     if base is None:
         return [claims.not_run(c, "no base model scored on the final rounds' streams") for c in post_hoc]
-    out = []
     if "firm" in results:
         mean = (per_seed("firm", "eval_helpful") + per_seed("firm", "eval_harmless")) / 2
         reference = (base["eval_helpful"] + base["eval_harmless"]) / 2
-        out.append(post_hoc[0].decide(mean, reference, firm=mean.mean(), base_model=reference))
+        first = post_hoc[0].decide(mean, reference, firm=mean.mean(), base_model=reference)
     else:
-        out.append(claims.not_run(post_hoc[0], "arms not run: firm"))
+        first = claims.not_run(post_hoc[0], "arms not run: firm")
+    return [first, *preference_gates(cfg, results, per_seed, post_hoc[1:], lambda runs, key: base[key])]
+
+
+def preference_gates(cfg: LMConfig, results: dict, per_seed, gates: tuple, base_of) -> list[dict]:
+    """Harmlessness at the smallest p1/p2 and helpfulness at the largest against `base_of(runs, key)`."""
+    ratios = sorted(r for r in cfg.preferences if f"p1/p2={r:g}" in results)
     if len(ratios) < 2:
-        return out + [claims.not_run(c, "fewer than 2 preference vectors ran") for c in post_hoc[1:]]
-    for claim, ratio, key in ((post_hoc[1], ratios[0], "eval_harmless"), (post_hoc[2], ratios[-1], "eval_helpful")):
-        trained = per_seed(f"p1/p2={ratio:g}", key)
-        out.append(claim.decide(trained, base[key], arm=f"p1/p2={ratio:g}", trained=trained.mean(),
-                                base_model=base[key]))
+        return [claims.not_run(c, "fewer than 2 preference vectors ran") for c in gates]
+    out = []
+    for claim, ratio, key in zip(gates, (ratios[0], ratios[-1]), ("eval_harmless", "eval_helpful"), strict=True):
+        arm = f"p1/p2={ratio:g}"
+        trained, base = per_seed(arm, key), base_of(results[arm], key)
+        out.append(claim.decide(trained, base, arm=arm, trained=trained.mean(), base_model=np.mean(base)))
     return out
 
 

@@ -264,8 +264,7 @@ class FederatedRLOO(FederatedPPO):
         logprobs = self.policy.token_logprobs(rollout).sum(1)
         seq_kl = logprobs.detach() - self.policy.token_logprobs(rollout, reference=True).sum(1)
         shaped = rewards.to(logprobs) - kl.value * seq_kl[:, None]
-        losses = torch.stack([-(rloo_advantages(shaped[:, j], self.samples) * logprobs).mean()
-                              for j in range(shaped.shape[1])])
+        losses = -(rloo_advantages(shaped, self.samples) * logprobs[:, None]).mean(0)
         return losses, rewards, float(seq_kl.mean())
 
     def _gradient_phase(self, message: Message, client: ClientContext) -> Message:
