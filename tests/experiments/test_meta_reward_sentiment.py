@@ -46,6 +46,8 @@ def test_every_claim_is_decided_under_both_protocols_and_cells_are_cached(tmp_pa
                                             "hpl", "ppo(tr)@1", "ppo(tr+te)@4", "oracle@1"}
     assert all(0 <= v <= 1 for m in metrics["held_out_apl"].values() for v in m.values())
     assert len(list((out / "meta_reward_cells").glob("kitchen-seed*.json"))) == 3
+    assert set(metrics["stage_seconds"]) == {"sft", "ours", "reward baselines", "pair baselines", "ppo baselines",
+                                             "judge"}
     for name in ("sentiment_judge.png", "sentiment_beta.png", "sentiment_apl.png"):
         assert (out / "plots" / name).exists()
     first = (out / "summary.json").read_text()

@@ -184,10 +184,13 @@ def part(cfg: SentimentConfig, root: Path | None, seeds: Seeds, run_dir: RunDir,
     tuned = {d: {m: [row[j]["tuned"][m] for row in cells.values()] for m in BETA_METHODS}
              for j, d in enumerate(cfg.held_out)}
     cell_seconds = [c["seconds"] for row in cells.values() for c in row]
+    timed = [c["stage_seconds"] for row in cells.values() for c in row if "stage_seconds" in c]
+    stages = {k: float(np.mean([t[k] for t in timed])) for k in timed[0]} if timed else {}
     metrics = {"sentiment": {"held_out_apl": held, "tuned_choices": tuned, "lr": setup.lr, "lr_scores":
                              setup.lr_scores, "data": setup.counts,
                              "judges": {d: j.describe() for d, j in setup.judges.items()},
-                             "cell_seconds": cell_seconds, "seconds": time.perf_counter() - start}}
+                             "cell_seconds": cell_seconds, "stage_seconds": stages,
+                             "seconds": time.perf_counter() - start}}
     judge_acc = ", ".join(f"{d} {j.accuracy:.3f} on {j.n_test} windows, {j.pair_accuracy:.3f} of the pairs"
                           for d, j in setup.judges.items())
     notes = [f"Sentiment task: {cfg.model} with LoRA (rank {cfg.rank}) on its LM head over cached trunk states; "
@@ -196,7 +199,8 @@ def part(cfg: SentimentConfig, root: Path | None, seeds: Seeds, run_dir: RunDir,
              f"meta-test {cfg.test_steps} steps (matched: D); RWR weights '{cfg.weight_norm}'; {cfg.seeds} seeds x "
              f"{len(cfg.held_out)} held-out domains; judge held-out accuracy on response windows: {judge_acc}. "
              f"Chance A_PL is {CHANCE}. Cells took {np.mean(cell_seconds):.0f} s on average "
-             f"({sum(cell_seconds) / 60:.1f} min in all, cached ones at their first run's time)."]
+             f"({sum(cell_seconds) / 60:.1f} min in all, cached ones at their first run's time)"
+             + (f"; per stage {', '.join(f'{k} {v:.0f} s' for k, v in stages.items())}." if stages else ".")]
     if failed := [c for c in decided[:len(GATES)] if not claims.confirmed(c)]:
         named = "; ".join(f"\"{c['name']}\" is {c['verdict']}" for c in failed)
         notes.append(f"**Learning not shown:** {named}. The orderings below rank methods on a task this run did not "

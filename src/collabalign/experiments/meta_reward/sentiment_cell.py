@@ -4,6 +4,7 @@ the protocols pick."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -229,21 +230,35 @@ def judge_policy(fold: Fold, theta: list[Tensor]) -> dict[str, Any]:
 
 def run_cell(setup: Setup, held_out: str, seed: int, progress: bool) -> dict[str, Any]:
     """Every method of one (held-out domain, seed) cell, their held-out A_PL, validation, β choices and judge scores."""
-    cfg = setup.cfg
+    cfg, clock = setup.cfg, Stopwatch()
     theta0 = setup.task.head.params()
-    fold = make_fold(setup, held_out, seed, progress)
+    fold = clock("sft", make_fold, setup, held_out, seed, progress)
     trained = Trained({"sft": fold.theta_sft})
-    trained.add(ours(fold))
+    trained.add(clock("ours", ours, fold))
     bt_head, bt_table = baselines.bt_rewards(fold.task, fold.train_pairs, cfg.bt_c)
     trained.log["bt_norm"] = float(np.linalg.norm(bt_head.weight))
-    trained.add(reward_baselines(fold, bt_table))
-    trained.add(pair_baselines(fold))
-    trained.add(ppo_baselines(fold, bt_head))
+    trained.add(clock("reward baselines", reward_baselines, fold, bt_table))
+    trained.add(clock("pair baselines", pair_baselines, fold))
+    trained.add(clock("ppo baselines", ppo_baselines, fold, bt_head))
     apl = {k: preference_accuracy(fold.task, theta, fold.target.pairs) for k, theta in trained.policies.items()}
     choices = tuned(cfg, trained.validation)
     evaluated = {"sft", "hpl", *(key(m, cfg.beta) for m in BETA_METHODS), *choices.values()}
-    judge = {k: judge_policy(fold, trained.policies[k]) for k in sorted(evaluated)}
+    judge = clock("judge", lambda: {k: judge_policy(fold, trained.policies[k]) for k in sorted(evaluated)})
     setup.task.head.load(theta0)
     return {"held_out": held_out, "seed": seed, "apl": apl, "validation": trained.validation, "tuned": choices,
             "judge": judge, "judge_accuracy": fold.judge.accuracy, "log": trained.log,
-            "pairs": {"held_out": len(fold.target.pairs), "train": len(fold.train_pairs)}}
+            "pairs": {"held_out": len(fold.target.pairs), "train": len(fold.train_pairs)},
+            "stage_seconds": clock.seconds}
+
+
+class Stopwatch:
+    """Seconds spent per named stage of a cell (the cost table of the report)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, stage: str, fn, *args):
+        start = time.perf_counter()
+        out = fn(*args)
+        self.seconds[stage] = round(time.perf_counter() - start, 1)
+        return out
