@@ -106,10 +106,16 @@ def test_a_genuine_bug_still_raises(monkeypatch):
 
 def test_every_name_list_prints_is_a_config_run_accepts(capsys):
     from collabalign.cli import load_config, resolve_config
+    from collabalign.jobs import read_spec
 
     assert main(["list"]) == 0
-    names = [line.split()[0] for line in capsys.readouterr().out.splitlines()[1:]]
+    runs, deploys = capsys.readouterr().out.split("\n\n")
+    names = [line.split()[0] for line in runs.splitlines()[1:]]
     assert "quickstart/quick" in names and "pshare-lora/main" in names and len(names) >= 12
     for name in names:
         experiment, *_ = load_config(resolve_config(Path(name)))
         assert experiment == name.split("/")[0]
+    deployments = [line.split()[0] for line in deploys.splitlines()[1:]]
+    assert "deploy/fedavg-lora" in deployments
+    for name in deployments:
+        assert read_spec(resolve_config(Path(name))).method == name.split("/")[1]

@@ -64,3 +64,12 @@ def test_reproduction_block_names_shipped_experiments_and_configs(capsys):
             assert resolve_config(Path(args[1])).exists()
         else:
             assert args[0] == "report"
+
+
+def test_deployment_block_names_shipped_deployment_configs():
+    from collabalign.jobs import read_spec
+
+    for line in blocks("bash")[2].splitlines():
+        args = shlex.split(line, comments=True)[1:]
+        assert args[0] == "deploy" and "--nodes" in args and "--out" in args
+        assert read_spec(resolve_config(Path(args[1]))).method == args[1].split("/")[1]

@@ -1,101 +1,93 @@
-"""The Flower app behind `flwr run .`: the quickstart's FedAvg-LoRA reward model on a Flower deployment (a SuperLink
-and one SuperNode per client), through the shared round engine (`federation.flower.serve` and `client_app`).
+"""The Flower app behind `collabalign deploy` and `flwr run .`: one federated method's job (`jobs.py`) on a Flower
+deployment (a SuperLink and one SuperNode per client), through the shared round engine (`federation.flower.serve`
+on the server, `node.handle` on the nodes).
 
 Run config (``[tool.flwr.app.config]`` in pyproject.toml; ``flwr run . --run-config FILE.toml`` overrides it):
-``config`` a quickstart config file ("" = the shipped quick config), ``overrides`` its dotted overrides separated by
-";", ``seed``, ``method`` (fedavg-lora), ``min-replies`` and ``timeout`` (seconds a round waits for its nodes; 0 =
-no limit), ``out`` the folder where the ServerApp writes ``metrics.jsonl`` (a line per evaluated round, as it goes)
-and ``adapters.safetensors`` (the final LoRA factors and head), relative to the ServerApp's working directory.
+``config`` a deployment config (`jobs.py`: method, data and the method's settings, its ``engine`` and
+``aggregation`` sections included; "" = the shipped deploy/fedavg-lora.yaml), ``overrides`` its dotted overrides
+separated by ";", ``out`` the run folder (absolute: it is read on the ServerApp's machine). The ServerApp writes
+there ``metrics.jsonl`` (a line per evaluated round, as it goes) and ``checkpoint/`` (every round), and at the end the
+method's saved result (``manifest.json``, ``adapters/`` or ``arrays.safetensors``) and ``ledger.csv``. Run again with
+the same ``out``, it continues from the last completed round.
 
-Node config (``flower-supernode --node-config "partition-id=I num-partitions=N"``): node I runs client I of the
-config's N clients and encodes that client's pairs only (`federated_job` with ``own``); the server holds none.
+Node config (``flower-supernode --node-config "partition-id=I num-partitions=N state-dir='PATH' worker='SOCKET'"``):
+node I runs client I of the job's N clients (in the job's order), on its client's data only; with ``state-dir`` it
+keeps its client's private state there (`node.py`), so a killed and restarted SuperNode continues where it was
+(without, in Flower's node context, which a restart loses); with ``worker`` each message goes to the node worker
+listening on that Unix socket, which keeps the job built between rounds (without, the ClientApp builds it for each
+message). This module imports Flower and the standard library only: the ClientApp runs once per message.
 """
 
 from __future__ import annotations
 
-import functools
-import json
 from pathlib import Path
 from typing import Any
 
-from flwr.app import Context
+from flwr.app import ConfigRecord, Context
 from flwr.serverapp import Grid, ServerApp
-from safetensors.numpy import save_file
 
-from collabalign.config import ConfigError, apply_overrides, read_yaml, validate
-from collabalign.experiments.quickstart.comparison import client_ids, federated_job
-from collabalign.experiments.quickstart.config import Config
-from collabalign.federation import flower
-from collabalign.federation.engine import EngineOptions
-from collabalign.federation.protocol import Algorithm, ClientContext
-from collabalign.runs import metric_line
+from collabalign import node
+from collabalign.federation import flower_client
+from collabalign.federation.flower_client import PAYLOAD
 
-QUICK_CONFIG = Path(__file__).parent / "configs" / "quickstart" / "quick.yaml"
-METHODS = ("fedavg-lora",)
-
-
-def job_config(run_config: dict[str, Any]) -> tuple[Config, int]:
-    """The quickstart config and seed a run config names; a bad one is a ConfigError naming the key."""
-    if run_config["method"] not in METHODS:
-        raise ConfigError(f"method = {run_config['method']!r}: must be one of {', '.join(METHODS)}")
-    path = str(run_config["config"]) or str(QUICK_CONFIG)
-    overrides = [o.strip() for o in str(run_config["overrides"]).split(";") if o.strip()]
-    data = apply_overrides(read_yaml(path), overrides)
-    if data.pop("experiment", "quickstart") != "quickstart":
-        raise ConfigError(f"{path}: not a quickstart config")
-    data.pop("smoke", None)
-    return validate(Config, data, path), int(run_config["seed"])
-
-
-def engine_options(run_config: dict[str, Any]) -> EngineOptions:
-    """min_replies and the per-round timeout from a run config (timeout 0: wait for every node)."""
-    timeout = float(run_config["timeout"])
-    return EngineOptions(min_replies=int(run_config["min-replies"]), timeout_s=timeout if timeout > 0 else None)
-
+_STATE = "collabalign.node"  # the ConfigRecord in Flower's node context holding the private state (no state-dir)
 
 server_app = ServerApp()
 
 
 @server_app.main()
 def main(grid: Grid, context: Context) -> None:
-    """The rounds over the connected SuperNodes; metrics appended as rounds end, the final adapters at the end."""
-    cfg, seed = job_config(context.run_config)
-    algorithm, _ = federated_job(cfg, seed, own=[])  # the server holds the held-out pairs, no client's pairs
-    out = Path(str(context.run_config["out"]))
+    """The rounds over the connected SuperNodes, checkpointed; metrics appended as rounds end; the result at the end."""
+    from collabalign import jobs
+
+    serve_job(grid, jobs.spec_of(dict(context.run_config)), Path(str(context.run_config["out"])))
+
+
+def serve_job(grid: Grid, spec: Any, out: Path) -> Any:
+    """The job of `spec` on the grid's nodes (the server holds no client's data), with what the nodes declare in their
+    node configs (`jobs.with_node_settings`), writing the run folder `out`."""
+    from collabalign import jobs
+    from collabalign.federation import flower
+    from collabalign.federation.checkpoint import Checkpoint
+    from collabalign.federation.protocol import ClientContext
+    from collabalign.runs import RunDir, atomic_write_text, metric_line
+
+    job = jobs.build(spec)
+    node_of, declared = flower.handshake(grid, sorted(job.clients))
+    if (adapted := jobs.with_node_settings(spec, list(job.clients), declared)) is not spec:
+        job = jobs.build(adapted)
     out.mkdir(parents=True, exist_ok=True)
+    checkpoint = Checkpoint(out / "checkpoint")
+    log = checkpoint.load()[2] if checkpoint.exists else []
     metrics = out / "metrics.jsonl"
-    metrics.write_text("")
+    atomic_write_text(metrics, "".join(metric_line(line["metrics"]) + "\n" for line in log if line["metrics"]))
 
     def append(round_: int, record: dict[str, Any]) -> None:
         with metrics.open("a", encoding="utf-8") as f:
             f.write(metric_line(record) + "\n")
 
-    clients = {cid: ClientContext(cid, None) for cid in client_ids(cfg)}
-    result = flower.serve(grid, algorithm, clients, cfg.train.rounds, seed, options=engine_options(context.run_config),
-                          on_round=append)
-    save_file(result.state, str(out / "adapters.safetensors"))
+    clients = {cid: ClientContext(cid, None) for cid in job.clients}
+    sim = flower.serve(grid, job.algorithm, clients, job.rounds, job.seed, job.fraction, job.eval_every,
+                       job.options, on_round=append, checkpoint=checkpoint, node_of=node_of)
+    result = job.finish(sim)
+    result.save(out)
+    RunDir(out, create=False).write_ledgers({job.label: sim.ledger})
+    return result
 
 
-def node_client(context: Context) -> str:
-    """The client id of this SuperNode's partition (its node config must match the job's number of clients)."""
-    cfg, _ = job_config(context.run_config)
-    partition, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-    if n != cfg.split.clients or not 0 <= partition < n:
-        raise ConfigError(f"node config partition-id={partition} num-partitions={n}: the job has "
-                          f"{cfg.split.clients} clients")
-    return client_ids(cfg)[partition]
+def handle(kind: str, context: Context, round_: int, payload: bytes) -> bytes:
+    """One message on this node: in its node worker when the node config names one, else here."""
+    run_config, node_config = dict(context.run_config), dict(context.node_config)
+    record = context.state.config_records.get(_STATE)
+    state = bytes(record[PAYLOAD]) if record is not None else b""
+    worker = str(node_config.get("worker", ""))
+    if worker:
+        reply, state = node.ask(worker, kind, run_config, node_config, round_, payload, state)
+    else:
+        reply, state = node.handle(kind, run_config, node_config, round_, payload, state)
+    if state:
+        context.state[_STATE] = ConfigRecord({PAYLOAD: state})
+    return reply
 
 
-def node_job(context: Context) -> tuple[Algorithm, Any, int]:
-    """The algorithm, this node's client data and the seed (built once per process)."""
-    return _node_job(json.dumps(dict(context.run_config), sort_keys=True), node_client(context))
-
-
-@functools.cache
-def _node_job(run_config: str, cid: str) -> tuple[Algorithm, Any, int]:
-    cfg, seed = job_config(json.loads(run_config))
-    algorithm, data = federated_job(cfg, seed, own=[cid])
-    return algorithm, data[cid], seed
-
-
-client_app = flower.client_app(node_client, node_job)
+client_app = flower_client.client_app(handle)

@@ -1,6 +1,7 @@
 """`collabalign run CONFIG [a.b=value ...] [--out DIR] [--force]`, `resume RUN_DIR`, `reproduce NAME|all [--quick]
 [--out DIR]`, `report DIR`, `list`, `train METHOD --data FILE [a.b=value ...] --out DIR`,
-`score RUN --file TEXTS.jsonl [--user U]`, `generate RUN --prompt TEXT`, `demo [--out DIR]`."""
+`score RUN --file TEXTS.jsonl [--user U]`, `generate RUN --prompt TEXT`, `demo [--out DIR]`,
+`deploy CONFIG --nodes N --out DIR`, `node-worker SOCKET`."""
 
 from __future__ import annotations
 
@@ -18,7 +19,16 @@ from pydantic import BaseModel, ValidationError
 
 from collabalign.artifacts import ArtifactError
 from collabalign.comm import MessageError
-from collabalign.config import ConfigError, apply_overrides, cut, field_problems, read_yaml, short, validate
+from collabalign.config import (
+    ConfigError,
+    apply_overrides,
+    cut,
+    field_problems,
+    parse_override,
+    read_yaml,
+    short,
+    validate,
+)
 from collabalign.data.errors import DataError
 from collabalign.experiments import EXPERIMENTS
 from collabalign.federation.checkpoint import CheckpointError
@@ -212,6 +222,18 @@ def train(method: str, data: Path, config: Path | None, overrides: list[str], ou
     return out / "manifest.json"
 
 
+def node_settings(items: list[str], nodes: int) -> dict[int, dict[str, Any]]:
+    """`--node-config I:KEY=VALUE` items by node (values read as YAML scalars: 4 is a number)."""
+    out: dict[int, dict[str, Any]] = {}
+    for item in items:
+        node, sep, setting = item.partition(":")
+        key, eq, value = setting.partition("=")
+        if not (sep and eq and node.isdigit() and key) or int(node) >= nodes:
+            raise ConfigError(f"--node-config {item}: must be I:KEY=VALUE with I a node 0..{nodes - 1}")
+        out.setdefault(int(node), {})[key] = parse_override(f"{key}={value}")[1]
+    return out
+
+
 def score(run: Path, file: Path, user: str | None, adapter: str | None) -> None:
     """Prints each text of `file` as a JSON line with its score (a reward model) or scores (a classifier)."""
     from collabalign.data.formats import load_texts
@@ -283,7 +305,18 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--max-new-tokens", type=int, default=64)
     p_gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
     p_gen.add_argument("--seed", type=int, default=0)
-    for p in (p_run, p_resume, p_rep, p_train):
+    p_deploy = sub.add_parser("deploy", help="run a federated method on a loopback Flower deployment (TLS, node auth)")
+    p_deploy.add_argument("config", type=Path, help="a deployment config (method, data, settings), e.g. "
+                          "deploy/fedavg-lora")
+    p_deploy.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=2")
+    p_deploy.add_argument("--nodes", type=int, required=True, help="SuperNodes to start: one per client of the job")
+    p_deploy.add_argument("--out", type=Path, required=True,
+                          help="the run folder (a new one, or one to continue from its checkpoint)")
+    p_deploy.add_argument("--node-config", action="append", default=[], metavar="I:KEY=VALUE",
+                          help="what SuperNode I declares in its node config, e.g. 0:rank=4 (FSLoRA: its LoRA rank)")
+    p_worker = sub.add_parser("node-worker", help="serve a SuperNode's ClientApp messages from memory (deployments)")
+    p_worker.add_argument("socket", type=Path, help="the Unix socket to listen on (node config: worker=SOCKET)")
+    for p in (p_run, p_resume, p_rep, p_train, p_deploy):
         p.add_argument("--no-progress", action="store_true")
     args = parser.parse_args(argv)
     try:
@@ -311,6 +344,15 @@ def main(argv: list[str] | None = None) -> int:
             from collabalign.demo import run_demo
 
             print(run_demo(args.out))
+        elif args.command == "deploy":
+            from collabalign.deployment import deploy
+
+            print(deploy(resolve_config(args.config), args.overrides, args.nodes, args.out, not args.no_progress,
+                         node_settings=node_settings(args.node_config, args.nodes)))
+        elif args.command == "node-worker":
+            from collabalign.node import serve
+
+            serve(args.socket)
         elif args.command == "generate":
             generate(args.run_dir, args.prompt, args.adapter, args.max_new_tokens, args.temperature, args.seed)
         else:
@@ -318,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
             for name in sorted(EXPERIMENTS):
                 for path in sorted(config_dir(name).glob("*.yaml")):
                     print(f"{name + '/' + path.stem:40s} {path}")
+            print("\ndeployment config (`collabalign deploy NAME`) file")
+            for path in sorted(config_dir("deploy").glob("*.yaml")):
+                print(f"{'deploy/' + path.stem:40s} {path}")
     except USER_ERRORS as err:
         print(f"error: {error_line(err)}", file=sys.stderr)
         return 2

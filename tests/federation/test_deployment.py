@@ -1,5 +1,5 @@
 """A real Flower deployment on the loopback: a SuperLink with TLS and SuperNode authentication, three SuperNodes that
-each hold only their own partition, and `flwr run .` of the project's app (the tiny-model quickstart job). One
+each hold only their own partition, and `flwr run .` of the project's app (deploy/fedavg-lora on a tiny model). One
 SuperNode is killed (SIGKILL) mid-run: the rounds go on with the other two, the metrics name it, and once restarted it
 rejoins and answers. The final adapters equal the in-process simulator's for the same seed, data and dropped rounds."""
 
@@ -12,11 +12,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
-from collabalign.app import job_config
-from collabalign.experiments.quickstart.comparison import client_ids, federated_job
+from collabalign import jobs
 from collabalign.federation import simulate
 from collabalign.federation.deploy import LoopbackDeployment
-from collabalign.federation.engine import EngineOptions
 from collabalign.methods.fedavg import FedAvg
 
 pytestmark = pytest.mark.flower
@@ -24,9 +22,8 @@ if shutil.which("flower-superlink") is None:
     pytest.skip("flower-superlink is not on PATH (activate the project's virtual environment)", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model.backbone=tiny-llama", "model.targets=[q_proj, v_proj]", "data.source=synthetic",
-        "data.synthetic_pairs=72", "data.max_length=24", "split.clients=3", "split.min_pairs=4", "train.rounds=5"]
-RUN_CONFIG = {"overrides": "; ".join(TINY), "seed": 3, "min-replies": 2, "timeout": 30.0}
+TINY = ["model=tiny-llama", "rounds=5", "seed=3", "max_length=32", "engine.min_replies=2", "engine.timeout_s=30"]
+RUN_CONFIG = {"config": "", "overrides": "; ".join(TINY)}  # "": the shipped deploy/fedavg-lora.yaml
 KILLED = 2  # partition (and client index) of the SuperNode that is killed once round 0 (the evaluation) is recorded
 
 
@@ -64,12 +61,13 @@ def run_with_a_crash(deployment: LoopbackDeployment, out: Path, deadline_s: floa
             restarted = True
         time.sleep(0.2)
     assert run.returncode == 0 and restarted, deployment.log("run")
-    assert (out / "adapters.safetensors").exists(), deployment.log("run") + deployment.log("superlink")
+    assert (out / "manifest.json").exists(), deployment.log("run") + deployment.log("superlink")
     return records(out)
 
 
 def test_deployment_with_tls_node_auth_and_a_crashed_node_equals_the_simulator(tmp_path):
-    with LoopbackDeployment(tmp_path, env={"OMP_NUM_THREADS": "1"}) as deployment:
+    with LoopbackDeployment(tmp_path, env={"OMP_NUM_THREADS": "1"}, state_dir=tmp_path / "state",
+                            workers=True) as deployment:
         deployment.start(nodes=3)
         deployment.wait_status([0, 1, 2], "online")
         metrics = run_with_a_crash(deployment, tmp_path / "out")
@@ -80,17 +78,22 @@ def test_deployment_with_tls_node_auth_and_a_crashed_node_equals_the_simulator(t
     assert all(rnd > 0 for _, rnd in drops)  # nobody was dropped before the crash
     assert "dropped" not in metrics[-1]  # restarted, it rejoined and answered (fraction 1: every node, every round)
 
-    # In process, the same job (each client's pairs encoded on their own, as on its node) with the same clients
-    # failing in the same rounds: identical arithmetic (same ops, one thread, the float32 parameters and the rng
-    # state cross the wire exactly), so the adapters and metrics are equal bit for bit, not just to tolerance.
-    cfg, seed = job_config({"config": "", "method": "fedavg-lora", **RUN_CONFIG})
-    algorithm, data = federated_job(cfg, seed, own=client_ids(cfg))
-    reference = simulate(Dropping(algorithm, drops), data, cfg.train.rounds, seed, progress=False,
-                         options=EngineOptions(min_replies=2, batched=False))  # one by one, as the nodes
-    adapters = load_file(str(tmp_path / "out" / "adapters.safetensors"))
-    assert sorted(adapters) == sorted(reference.state)
-    for name, value in reference.state.items():
-        np.testing.assert_array_equal(adapters[name], value)
+    # In process, the same job with the same clients failing in the same rounds: identical arithmetic (same ops, one
+    # thread, the float32 parameters and the rng state cross the wire exactly), so the adapters and metrics are equal
+    # bit for bit, not just to tolerance.
+    job = jobs.build(jobs.read_spec(jobs.DEFAULT_CONFIG, TINY))
+    options = job.options.model_copy(update={"batched": False})  # one by one, as the nodes
+    reference = simulate(Dropping(job.algorithm, drops), job.clients, job.rounds, job.seed, progress=False,
+                         options=options)
+    expected = job.finish(reference)
+    expected.save(tmp_path / "reference")
+    for name in ("adapter_model.safetensors", "head.safetensors"):
+        ours = load_file(str(tmp_path / "out" / "adapters" / "global" / name))
+        theirs = load_file(str(tmp_path / "reference" / "adapters" / "global" / name))
+        assert sorted(ours) == sorted(theirs)
+        for key, value in theirs.items():
+            np.testing.assert_array_equal(ours[key], value)
     for ours, theirs in zip(metrics, reference.metrics, strict=True):
         assert (ours["accuracy"], ours["loss"]) == (theirs["accuracy"], theirs["loss"])
         assert ours.get("dropped_clients", {}).keys() == theirs.get("dropped_clients", {}).keys()
+

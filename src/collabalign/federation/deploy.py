@@ -21,6 +21,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -127,13 +128,16 @@ class LoopbackDeployment:
     """A SuperLink and SuperNodes under `root` (certificates, keys, ``flwr-home``, logs); use as a context manager so
     every process is stopped, also when a test fails."""
 
-    def __init__(self, root: Path, env: dict[str, str] | None = None):
-        self.root = root
+    def __init__(self, root: Path, env: dict[str, str] | None = None, state_dir: Path | None = None,
+                 workers: bool = False):
+        self.root, self.state_dir, self.workers = root, state_dir, workers
         self.env = {**os.environ, **(env or {}), "FLWR_HOME": str(root / "flwr-home")}
         self.port = free_port()
         self.ca, self.cert, self.key = write_tls(root / "tls")
         self.link: subprocess.Popen | None = None
         self.nodes: dict[int, subprocess.Popen] = {}
+        self.worker_processes: dict[int, subprocess.Popen] = {}  # partition -> its node worker (`workers`)
+        self.node_settings: dict[int, dict[str, int | float | str]] = {}  # partition -> what its node config declares
         self.keys: dict[int, Path] = {}
         self.node_ids: dict[int, str] = {}  # partition -> the SuperLink's node id (fixed by the node's key)
 
@@ -184,10 +188,28 @@ class LoopbackDeployment:
             self.keys[partition], public = write_node_key(self.root / "keys", f"node{partition}")
             out = self.flwr("supernode", "register", str(public), CONNECTION, "--format", "json")
             self.node_ids[partition] = str(json.loads(out[out.index("{"):])["node-id"])
+        if self.workers:
+            self.worker_processes[partition] = self._spawn(f"worker{partition}", [
+                sys.executable, "-m", "collabalign.cli", "node-worker", str(self.worker_socket(partition))])
         self.nodes[partition] = self._spawn(f"supernode{partition}", [
             "flower-supernode", "--superlink", f"{HOST}:{self.port}", "--root-certificates", str(self.ca),
             "--auth-supernode-private-key", str(self.keys[partition]), "--port", str(free_port()),
-            "--node-config", f"partition-id={partition} num-partitions={partitions}"])
+            "--node-config", self.node_config(partition, partitions)])
+
+    def node_config(self, partition: int, partitions: int) -> str:
+        """The SuperNode's node config: its partition and, with a `state_dir`, its own private-state folder."""
+        config = f"partition-id={partition} num-partitions={partitions}"
+        if self.state_dir is not None:
+            config += f" state-dir={json.dumps(str(self.state_dir / f'node{partition}'))}"
+        if self.workers:
+            config += f" worker={json.dumps(str(self.worker_socket(partition)))}"
+        for key, value in self.node_settings.get(partition, {}).items():
+            config += f" {key}={json.dumps(value)}"
+        return config
+
+    def worker_socket(self, partition: int) -> Path:
+        """The Unix socket node `partition`'s worker listens on (short: socket paths are limited to ~100 bytes)."""
+        return self.root / "w" / f"{partition}.sock"
 
     def status(self) -> dict[int, str]:
         """Each registered SuperNode's status as the SuperLink sees it ('online', 'offline', ...), by partition."""
@@ -204,8 +226,10 @@ class LoopbackDeployment:
             time.sleep(1)
 
     def kill_node(self, partition: int) -> None:
-        """SIGKILL SuperNode `partition` with everything it spawned (a crashed machine)."""
+        """SIGKILL SuperNode `partition` and its node worker, with everything they spawned (a crashed machine)."""
         kill_tree(self.nodes.pop(partition))
+        if partition in self.worker_processes:
+            kill_tree(self.worker_processes.pop(partition))
 
     def restart_node(self, partition: int, partitions: int) -> None:
         """Starts a killed SuperNode again once the SuperLink has marked it offline (it misses heartbeats for up to
@@ -226,6 +250,8 @@ class LoopbackDeployment:
         """Every SuperNode, then the SuperLink, each with everything it spawned."""
         for partition in list(self.nodes):
             kill_tree(self.nodes.pop(partition), signal.SIGTERM)
+        for partition in list(self.worker_processes):
+            kill_tree(self.worker_processes.pop(partition), signal.SIGTERM)
         if self.link is not None:
             kill_tree(self.link, signal.SIGTERM)
             self.link = None

@@ -11,11 +11,13 @@ How one run flows:
   routing table. Then the shared round engine (`engine.run_rounds`) runs with `GridTransport`.
 - Each round the engine samples, calls `algorithm.configure`, and the transport sends each sampled node a ``train``
   message whose content is one ``ConfigRecord`` holding ``Message.serialise()`` bytes (the round travels as the
-  message's ``group_id``). The ClientApp deserialises it, rebuilds the `ClientContext` (its data, private state from
-  ``context.state``, rngs from ``seed_round(Seeds(seed), round)``), calls `algorithm.client_update`, stores the private
-  state back in ``context.state`` (a ``ConfigRecord`` holding a serialised collabalign `Message`) and replies with the
-  reply's serialised bytes. A node that errs, does not answer within ``options.timeout_s`` or sends bytes that do not
-  parse is that round's `Failure`, handled by the engine like any dropped client.
+  message's ``group_id``). The ClientApp deserialises it, rebuilds the `ClientContext` (its data, its private state,
+  rngs from ``seed_round(Seeds(seed), round)``), calls `algorithm.client_update`, stores the private state back and
+  replies with the reply's serialised bytes. The private state lives in a `NodeStore` (safetensors in the node's own
+  folder, one file per round, so it survives a SuperNode restart) where the app gives one, else in Flower's
+  ``context.state`` (a ``ConfigRecord`` holding a serialised collabalign `Message`). A node that errs, does not
+  answer within ``options.timeout_s`` or sends bytes that do not parse is that round's `Failure`, handled by the
+  engine like any dropped client.
 - The ledger counts the bytes put into / read out of the Flower records, which are `Message.nbytes`, so its rows
   equal the simulator's. Flower's own envelope, the one-off ``query`` handshake and evaluation messages are not
   counted.
@@ -39,6 +41,7 @@ which stores names sorted. Flower's telemetry is off unless ``FLWR_TELEMETRY_ENA
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -46,17 +49,27 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 from collabalign.comm import Message, MessageError
-from collabalign.federation.checkpoint import flatten, unflatten
+from collabalign.federation.checkpoint import Checkpoint, flatten, unflatten
 from collabalign.federation.engine import EngineOptions, Failure, SimulationResult, run_rounds, sample_clients
+from collabalign.federation.flower_client import (
+    CLIENT_ID,
+    PAYLOAD,
+    PROPERTIES,
+    RECORD,
+    Handler,
+    client_app,
+    content,
+    payload_of,
+    whoami,
+)
 from collabalign.federation.protocol import Algorithm, ClientContext, ServerState
+from collabalign.runs import atomic_write_bytes
 from collabalign.seeding import Seeds
 
-_RECORD = "collabalign"  # name of the ConfigRecord in a message's content / a node's context.state
-_PAYLOAD = "payload"  # its one bytes value: a serialised collabalign Message
-_CLIENT_ID = "client_id"  # handshake reply: the client id of the node's partition
 _STATE = "collabalign.private"  # name of the ConfigRecord in context.state holding the private state
 _NODE_WAIT_S = 120.0
 
@@ -156,13 +169,15 @@ def _server_app(algorithm: Algorithm, client_data: dict[str, Any], rounds: int, 
 
 def serve(grid: Any, algorithm: Algorithm, clients: dict[str, ClientContext], rounds: int, seed: int,
           fraction: float = 1.0, eval_every: int = 1, options: EngineOptions | None = None,
-          on_round: Callable[[int, dict[str, Any]], None] | None = None) -> SimulationResult:
-    """A ServerApp's work: the handshake with one node per client of `clients`, then the rounds on the shared engine
-    over `GridTransport`."""
+          on_round: Callable[[int, dict[str, Any]], None] | None = None,
+          checkpoint: Checkpoint | None = None, node_of: dict[str, int] | None = None) -> SimulationResult:
+    """A ServerApp's work: the handshake with one node per client of `clients` (unless `node_of` holds its routing
+    table already), then the rounds on the shared engine over `GridTransport` (with a `checkpoint`, saved every
+    round and continued from when it exists)."""
     options = options or EngineOptions()
-    node_of = _handshake(grid, sorted(clients))
+    node_of = node_of or handshake(grid, sorted(clients))[0]
     return run_rounds(algorithm, GridTransport(grid, node_of, options.timeout_s), clients, rounds, seed, fraction,
-                      eval_every, options, on_round=on_round)
+                      eval_every, options, checkpoint, on_round)
 
 
 class GridTransport:
@@ -189,19 +204,9 @@ class GridTransport:
         """Each message to its node; the replies by node id."""
         from flwr.app import Message as FlowerMessage
 
-        sent = [FlowerMessage(_content(msg), node, kind, group_id=str(round_)) for msg, node in out.values()]
+        sent = [FlowerMessage(content(msg.serialise()), node, kind, group_id=str(round_))
+                for msg, node in out.values()]
         return {r.metadata.src_node_id: r for r in self.grid.send_and_receive(sent, timeout=self.timeout_s)}
-
-
-def _content(message: Message) -> Any:
-    """A Flower RecordDict holding `message`'s wire bytes."""
-    from flwr.app import ConfigRecord, RecordDict
-
-    return RecordDict({_RECORD: ConfigRecord({_PAYLOAD: message.serialise()})})
-
-
-def _decode(flower_message: Any) -> Message:
-    return Message.deserialise(bytes(flower_message.content.config_records[_RECORD][_PAYLOAD]))
 
 
 def _reply(reply: Any) -> Message | Failure:
@@ -210,13 +215,14 @@ def _reply(reply: Any) -> Message | Failure:
     if reply.has_error():
         return Failure("error", str(reply.error.reason))
     try:
-        return _decode(reply)
+        return Message.deserialise(payload_of(reply))
     except (MessageError, KeyError) as err:
         return Failure("corrupt", str(err))
 
 
-def _handshake(grid: Any, ids: list[str]) -> dict[str, int]:
-    """client id -> node id, asked of each node (its ClientApp knows its partition); waits for the nodes to connect."""
+def handshake(grid: Any, ids: list[str]) -> tuple[dict[str, int], dict[str, dict[str, Any]]]:
+    """(client id -> node id, client id -> what its node declares), asked of each node (its ClientApp knows its
+    partition); waits for the nodes to connect."""
     from flwr.app import Message as FlowerMessage
     from flwr.app import RecordDict
 
@@ -226,52 +232,87 @@ def _handshake(grid: Any, ids: list[str]) -> dict[str, int]:
             raise TimeoutError(f"only {len(nodes)} of {len(ids)} Flower nodes registered")
         time.sleep(0.05)
     replies = grid.send_and_receive([FlowerMessage(RecordDict(), node, "query", group_id="0") for node in nodes])
-    node_of = {}
+    node_of, properties = {}, {}
     for reply in replies:
         if reply.has_error():
             raise RuntimeError(f"Flower node {reply.metadata.src_node_id} failed: {reply.error.reason}")
-        node_of[str(reply.content.config_records[_RECORD][_CLIENT_ID])] = reply.metadata.src_node_id
+        record = reply.content.config_records[RECORD]
+        cid = str(record[CLIENT_ID])
+        node_of[cid], properties[cid] = reply.metadata.src_node_id, json.loads(str(record.get(PROPERTIES, "{}")))
     if sorted(node_of) != ids:
         raise RuntimeError(f"Flower nodes answered the handshake as clients {sorted(node_of)}, expected {ids}")
-    return node_of
+    return node_of, properties
 
 
-def client_app(client_id: Callable[[Any], str], job: Job) -> Any:
-    """A ClientApp that answers the handshake with `client_id(context)` (cheap: no job is loaded for it), runs
-    `client_update` and, for algorithms with the client-side hooks, `client_metrics` of its client from `job`."""
-    from flwr.app import ConfigRecord, Context, RecordDict
-    from flwr.app import Message as FlowerMessage
-    from flwr.clientapp import ClientApp
+class NodeStore:
+    """A client's private state kept in a node's own folder, one safetensors file per round it trained in (the newest
+    two kept): a killed and restarted SuperNode continues from it, and a round run again (a resumed ServerApp) starts
+    from the state of the round before, as the first time."""
 
-    app = ClientApp()
+    def __init__(self, folder: str | Path):
+        self.folder = Path(folder)
 
-    @app.query()
-    def whoami(message: FlowerMessage, context: Context) -> FlowerMessage:
-        content = RecordDict({_RECORD: ConfigRecord({_CLIENT_ID: client_id(context)})})
-        return FlowerMessage(content, reply_to=message)
+    def _rounds(self) -> list[int]:
+        return sorted(int(p.stem[len("round-"):]) for p in self.folder.glob("round-*.safetensors")
+                      if p.stem[len("round-"):].isdigit())
 
-    @app.train()
-    def train(message: FlowerMessage, context: Context) -> FlowerMessage:
-        algorithm, data, seed = job(context)
+    def load(self, before: int) -> dict[str, Any]:
+        """The state saved by the latest round before `before` (empty: none)."""
+        earlier = [r for r in self._rounds() if r < before]
+        if not earlier:
+            return {}
+        return dict(Message.deserialise((self.folder / f"round-{earlier[-1]:05d}.safetensors").read_bytes()))
+
+    def save(self, round_: int, state: dict[str, Any]) -> None:
+        """`state` as round `round_`'s; older files but the one this round started from are removed. A client that
+        keeps no state writes nothing."""
+        if not state and not self._rounds():
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(self.folder / f"round-{round_:05d}.safetensors", Message(state).serialise())
+        earlier = [r for r in self._rounds() if r < round_]
+        for r in earlier[:-1]:
+            (self.folder / f"round-{r:05d}.safetensors").unlink(missing_ok=True)
+
+
+def train_reply(algorithm: Algorithm, data: Any, seed: int, cid: str, round_: int, payload: bytes,
+                state: dict[str, Any]) -> tuple[bytes, dict[str, Any]]:
+    """One client's `client_update` on a serialised message, from its private `state`: (reply bytes, new state)."""
+    client = ClientContext(cid, data, state)
+    client.seed_round(Seeds(seed), round_)
+    reply = algorithm.client_update(Message.deserialise(payload), client)
+    if not isinstance(reply, Message):
+        raise TypeError(f"client {cid} returned {type(reply).__name__}, expected a Message")
+    return reply.serialise(), client.state
+
+
+def metrics_reply(algorithm: Algorithm, data: Any, cid: str, round_: int, payload: bytes,
+                  state: dict[str, Any]) -> bytes:
+    """One client's `client_metrics` of the server state a serialised evaluate message carries."""
+    message = Message.deserialise(payload)
+    server_state = unflatten(message.meta["tree"], dict(message))
+    metrics = algorithm.client_metrics(server_state, ClientContext(cid, data, state), round_)
+    return Message({}, {k: float(v) for k, v in metrics.items()}).serialise()
+
+
+def in_process_handler(client_id: Callable[[Any], str], job: Job) -> Handler:
+    """A ClientApp handler that runs the client of `client_id(context)` in the ClientApp's own process, its private
+    state in Flower's ``context.state`` (what a simulation's nodes keep)."""
+
+    def handle(kind: str, context: Any, round_: int, payload: bytes) -> bytes:
+        from flwr.app import ConfigRecord
+
         cid = client_id(context)
-        client = ClientContext(cid, data, _restore(context))
-        client.seed_round(Seeds(seed), int(message.metadata.group_id))
-        reply = algorithm.client_update(_decode(message), client)
-        if not isinstance(reply, Message):
-            raise TypeError(f"client {cid} returned {type(reply).__name__}, expected a Message")
-        context.state[_STATE] = ConfigRecord({_PAYLOAD: Message(client.state).serialise()})
-        return FlowerMessage(_content(reply), reply_to=message)
+        if kind == "query":
+            return whoami(cid)
+        algorithm, data, seed = job(context)
+        if kind == "evaluate":
+            return metrics_reply(algorithm, data, cid, round_, payload, _restore(context))
+        reply, state = train_reply(algorithm, data, seed, cid, round_, payload, _restore(context))
+        context.state[_STATE] = ConfigRecord({PAYLOAD: Message(state).serialise()})
+        return reply
 
-    @app.evaluate()
-    def evaluate(message: FlowerMessage, context: Context) -> FlowerMessage:
-        algorithm, data, _ = job(context)
-        payload = _decode(message)
-        state = unflatten(payload.meta["tree"], dict(payload))
-        client = ClientContext(client_id(context), data, _restore(context))
-        metrics = algorithm.client_metrics(state, client, int(message.metadata.group_id))
-        return FlowerMessage(_content(Message({}, {k: float(v) for k, v in metrics.items()})), reply_to=message)
-
-    return app
+    return handle
 
 
 def _simulation_client(ref: Any, ids: list[str], seed: int) -> Any:
@@ -284,7 +325,7 @@ def _simulation_client(ref: Any, ids: list[str], seed: int) -> Any:
         algorithm, client_data = _load(ref)
         return algorithm, client_data[client_id(context)], seed
 
-    return client_app(client_id, job)
+    return client_app(in_process_handler(client_id, job))
 
 
 def _load(ref: Any) -> tuple[Algorithm, dict[str, Any]]:
@@ -300,4 +341,4 @@ def _load(ref: Any) -> tuple[Algorithm, dict[str, Any]]:
 
 def _restore(context: Any) -> dict[str, Any]:
     record = context.state.config_records.get(_STATE)
-    return dict(Message.deserialise(bytes(record[_PAYLOAD]))) if record is not None else {}
+    return dict(Message.deserialise(bytes(record[PAYLOAD]))) if record is not None else {}

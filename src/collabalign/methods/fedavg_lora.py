@@ -19,8 +19,8 @@ from collabalign.data.formats import pairs_and_hash
 from collabalign.data.partition import by_key, iid
 from collabalign.data.preferences import PreferenceSet
 from collabalign.federation.aggregation import Aggregation
-from collabalign.federation.engine import EngineOptions
-from collabalign.federation.simulator import simulate
+from collabalign.federation.engine import EngineOptions, SimulationResult
+from collabalign.federation.job import FederatedJob
 from collabalign.lora.targets import default_targets
 from collabalign.methods.fedavg import FedAvg
 from collabalign.methods.reward_trainer import RewardTrainer, encode_pairs
@@ -52,6 +52,12 @@ def train_fedavg_lora(config: FedAvgLoRAConfig, data: str | Path | PreferenceSet
                       model: Backbone | str | None = None, progress: bool = False) -> Result:
     """Trains the global reward model; its held-out accuracy (when `test_fraction` > 0) and per-round metrics are in
     `result.metrics`, the model in `result.adapters["global"]`."""
+    return fedavg_lora_job(config, data, model).run(progress)
+
+
+def fedavg_lora_job(config: FedAvgLoRAConfig, data: str | Path | PreferenceSet,
+                    model: Backbone | str | None = None) -> FederatedJob:
+    """The run `train_fedavg_lora` simulates, for any engine."""
     pairs, data_hash = pairs_and_hash(data)
     backbone, name = own_backbone(model, config.model)
     reward = RewardModel(backbone.model, backbone.causal, Seeds(config.seed).torch("head"))
@@ -70,13 +76,16 @@ def train_fedavg_lora(config: FedAvgLoRAConfig, data: str | Path | PreferenceSet
     trainer = RewardTrainer(reward, test=test, lr=config.lr, epochs=config.local_epochs,
                             batch_size=config.batch_size)
     clients = {f"client{i}": encoded[train_rows[p]] for i, p in enumerate(parts)}
-    sim = simulate(FedAvg(trainer, config.aggregation), clients, config.rounds, config.seed,
-                   options=config.engine, progress=progress, label="fedavg-lora")
-    trainer.load(sim.state)
-    metrics = {"rounds": sim.metrics, "clients": len(clients), "train_pairs": len(train_rows), "test_pairs": n_test,
-               "bytes": sim.ledger.total()}
-    if n_test:
-        metrics.update(sim.metrics[-1])
-    adapter = pooled_adapter(reward, base_prefix(backbone.model), name)
-    return Result("fedavg-lora", "reward", name, config.model_dump(), data_hash, metrics, {"global": adapter},
-                  max_length=config.max_length, model=reward)
+
+    def finish(sim: SimulationResult) -> Result:
+        trainer.load(sim.state)
+        metrics = {"rounds": sim.metrics, "clients": len(clients), "train_pairs": len(train_rows),
+                   "test_pairs": n_test, "bytes": sim.ledger.total()}
+        if n_test:
+            metrics.update(sim.metrics[-1])
+        adapter = pooled_adapter(reward, base_prefix(backbone.model), name)
+        return Result("fedavg-lora", "reward", name, config.model_dump(), data_hash, metrics, {"global": adapter},
+                      max_length=config.max_length, model=reward)
+
+    return FederatedJob("fedavg-lora", FedAvg(trainer, config.aggregation), clients, config.rounds, config.seed,
+                        config.engine, finish)

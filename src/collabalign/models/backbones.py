@@ -52,7 +52,7 @@ def sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _convert_once(target: Path, write) -> Path:
+def write_once(target: Path, write) -> Path:
     """Runs `write(tmp_dir)` once and renames the result to `target`, so a crash never leaves half a cache."""
     if target.exists():
         return target
@@ -84,7 +84,7 @@ def smollm2_tokenizer():
         print(f"collabalign: extracting the SmolLM2 tokenizer from {gguf.name} into {root}", file=sys.stderr)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
 
-    return AutoTokenizer.from_pretrained(_convert_once(root / "tokenizer", write))
+    return AutoTokenizer.from_pretrained(write_once(root / "tokenizer", write))
 
 
 def smollm2_135m(dtype: torch.dtype = torch.float32) -> Backbone:
@@ -106,7 +106,7 @@ def smollm2_135m(dtype: torch.dtype = torch.float32) -> Backbone:
         model.save_pretrained(tmp)
         (tmp / "source.json").write_text(json.dumps({"gguf": str(gguf), "sha256": sha256(gguf)}, indent=1))
 
-    model = AutoModelForCausalLM.from_pretrained(_convert_once(root / "model", write), dtype=dtype)
+    model = AutoModelForCausalLM.from_pretrained(write_once(root / "model", write), dtype=dtype)
     return Backbone(model.eval(), tokenizer, True)
 
 

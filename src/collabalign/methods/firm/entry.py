@@ -20,8 +20,8 @@ from collabalign.artifacts import Adapter, Result
 from collabalign.config import Distinct, LoRASection, Strict
 from collabalign.data.formats import file_hash, json_hash, load_prompts
 from collabalign.data.partition import iid
-from collabalign.federation.engine import EngineOptions
-from collabalign.federation.simulator import simulate
+from collabalign.federation.engine import EngineOptions, SimulationResult
+from collabalign.federation.job import FederatedJob
 from collabalign.lora.peft_io import peft_adapter
 from collabalign.lora.targets import default_targets
 from collabalign.methods.firm.federated import ClientData, FederatedPPO, FederatedRLOO, LambdaRule, Rollouts
@@ -150,6 +150,13 @@ def train_firm(config: FIRMConfig, data: str | Path | Sequence[str], model: Back
     `test_fraction` > 0) are in `result.metrics`, the policy in `result.adapters["policy"]`. `rewards` (else
     `config.rewards`): shipped names, Hugging Face reward model names or paths, or callables
     f(prompts, replies) -> one float per reply, ideally in [0, 1]."""
+    return firm_job(config, data, model, rewards).run(progress)
+
+
+def firm_job(config: FIRMConfig, data: str | Path | Sequence[str], model: Backbone | str | None = None,
+             rewards: Sequence[Reward] | None = None) -> FederatedJob:
+    """The run `train_firm` simulates, for any engine (its rounds are engine rounds: `engine_rounds_per_round` per
+    training round)."""
     prompts, data_hash = prompts_and_hash(data)
     named = [reward_function(r) for r in (config.rewards if rewards is None else rewards)]
     names, functions = [n for n, _ in named], tuple(f for _, f in named)
@@ -178,14 +185,17 @@ def train_firm(config: FIRMConfig, data: str | Path | Sequence[str], model: Back
     algorithm = (FederatedPPO(policy, rule, config.ppo, rollouts, evaluate_fn) if config.step == "ppo"
                  else FederatedRLOO(policy, rule, config.ppo, rollouts, config.samples, evaluate_fn))
     per = algorithm.engine_rounds_per_round
-    sim = simulate(algorithm, clients, config.rounds * per, config.seed, eval_every=per, options=config.engine,
-                   progress=progress, label="firm")
-    policy.load_adapter_state(sim.state["params"])
-    rounds = [{**m, "round": m["round"] // per} for m in sim.metrics]
-    metrics = {"rounds": rounds, "objectives": names, "clients": len(clients), "train_prompts": len(train),
-               "test_prompts": n_test, "bytes": sim.ledger.total()}
-    metrics.update({k: v for k, v in rounds[-1].items() if k.startswith("eval_reward_")})
-    adapter = Adapter(*peft_adapter(policy.model, None, "", base_name, task_type="CAUSAL_LM"))
-    used = {**config.model_dump(), "rewards": names}  # the rewards actually used (a callable by its name)
-    return Result("firm", "policy", base_name, used, data_hash, metrics, {"policy": adapter},
-                  max_length=config.max_prompt_tokens + config.max_new_tokens, model=policy)
+
+    def finish(sim: SimulationResult) -> Result:
+        policy.load_adapter_state(sim.state["params"])
+        rounds = [{**m, "round": m["round"] // per} for m in sim.metrics]
+        metrics = {"rounds": rounds, "objectives": names, "clients": len(clients), "train_prompts": len(train),
+                   "test_prompts": n_test, "bytes": sim.ledger.total()}
+        metrics.update({k: v for k, v in rounds[-1].items() if k.startswith("eval_reward_")})
+        adapter = Adapter(*peft_adapter(policy.model, None, "", base_name, task_type="CAUSAL_LM"))
+        used = {**config.model_dump(), "rewards": names}  # the rewards actually used (a callable by its name)
+        return Result("firm", "policy", base_name, used, data_hash, metrics, {"policy": adapter},
+                      max_length=config.max_prompt_tokens + config.max_new_tokens, model=policy)
+
+    return FederatedJob("firm", algorithm, clients, config.rounds * per, config.seed, config.engine, finish,
+                        eval_every=per)

@@ -21,9 +21,9 @@ from collabalign.config import LoRASection, Strict
 from collabalign.data.formats import file_hash, json_hash, load_labelled
 from collabalign.data.glue import TextDataset
 from collabalign.data.partition import iid
-from collabalign.federation.engine import EngineOptions
+from collabalign.federation.engine import EngineOptions, SimulationResult
+from collabalign.federation.job import FederatedJob
 from collabalign.federation.protocol import ClientContext
-from collabalign.federation.simulator import simulate
 from collabalign.lora.targets import default_targets
 from collabalign.methods.fslora.common import ServerAdam, head_of
 from collabalign.methods.fslora.fedlora import fedlora
@@ -74,6 +74,12 @@ def train_fslora(config: FSLoRAConfig, data: str | Path | TextDataset, model: Ba
     """Trains the global LoRA classifier over `len(config.ranks)` devices (an iid split of the training examples);
     the held-out score and per-round metrics are in `result.metrics`, the adapters in `result.adapters` ("global",
     "device-<i>"); `result.model` is the pooled model with the global adapter loaded."""
+    return fslora_job(config, data, model).run(progress)
+
+
+def fslora_job(config: FSLoRAConfig, data: str | Path | TextDataset,
+               model: Backbone | str | None = None) -> FederatedJob:
+    """The run `train_fslora` simulates, for any engine."""
     texts, data_hash = _labelled(data)
     backbone, name = own_backbone(model, config.model)
     seeds = Seeds(config.seed)
@@ -92,22 +98,24 @@ def train_fslora(config: FSLoRAConfig, data: str | Path | TextDataset, model: Ba
     parts = iid(len(train_rows), len(config.ranks), seeds.numpy("devices"))
     clients = {f"device{i}": every[torch.from_numpy(train_rows[p])] for i, p in enumerate(parts)}
     method = _algorithm(config, problem, dict(zip(clients, config.ranks, strict=True)))
-    sim = simulate(method, clients, config.rounds, config.seed, options=config.engine, progress=progress,
-                   label=config.method)
-    metrics = {"rounds": sim.metrics, "devices": len(clients), "ranks": config.ranks,
-               "train_examples": len(train_rows), "test_examples": n_test, "bytes": sim.ledger.total()}
-    if n_test:
-        metrics.update({k: v for k, v in sim.metrics[-1].items() if k != "round"})
-    head, prefix = head_of(sim.state), base_prefix(backbone.model)
-    adapters = {}
-    for i, (factors, scale) in enumerate(_device_views(method, sim.state, config.rounds + 1, list(clients))):
-        problem.load(factors, head, scale, None)  # the layers now run the device's block at its scale
-        adapters[f"device-{i}"] = pooled_adapter(pooled, prefix, name)
-    factors, scale = _global_view(method, sim.state)
-    problem.load(factors, head, scale, None)  # last: result.model is the global classifier
-    adapters["global"] = pooled_adapter(pooled, prefix, name)
-    return Result(config.method, "classifier", name, config.model_dump(), data_hash, metrics, adapters,
-                  max_length=config.max_length, model=pooled)
+
+    def finish(sim: SimulationResult) -> Result:
+        metrics = {"rounds": sim.metrics, "devices": len(clients), "ranks": config.ranks,
+                   "train_examples": len(train_rows), "test_examples": n_test, "bytes": sim.ledger.total()}
+        if n_test:
+            metrics.update({k: v for k, v in sim.metrics[-1].items() if k != "round"})
+        head, prefix = head_of(sim.state), base_prefix(backbone.model)
+        adapters = {}
+        for i, (factors, scale) in enumerate(_device_views(method, sim.state, config.rounds + 1, list(clients))):
+            problem.load(factors, head, scale, None)  # the layers now run the device's block at its scale
+            adapters[f"device-{i}"] = pooled_adapter(pooled, prefix, name)
+        factors, scale = _global_view(method, sim.state)
+        problem.load(factors, head, scale, None)  # last: result.model is the global classifier
+        adapters["global"] = pooled_adapter(pooled, prefix, name)
+        return Result(config.method, "classifier", name, config.model_dump(), data_hash, metrics, adapters,
+                      max_length=config.max_length, model=pooled)
+
+    return FederatedJob(config.method, method, clients, config.rounds, config.seed, config.engine, finish)
 
 
 def _labelled(data: str | Path | TextDataset) -> tuple[TextDataset, str]:

@@ -1,0 +1,122 @@
+"""`collabalign deploy CONFIG --nodes N`: a deployment config's job (`jobs.py`) on a real Flower deployment on this
+machine's loopback: a SuperLink with TLS and SuperNode authentication, N SuperNodes that sign in with their own keys
+(certificates and keys made in the run folder), the job started with `flwr run`. The run folder gets what the
+ServerApp writes (metrics.jsonl, checkpoint/, manifest.json, adapters/, ledger.csv) and a report.md; every process
+started is stopped by process id at the end, on an error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from collabalign import jobs
+from collabalign.config import ConfigError
+from collabalign.federation.deploy import LoopbackDeployment
+
+APP_TOML = """[build-system]
+requires = ["setuptools"]
+build-backend = "setuptools.build_meta"
+
+[project]
+name = "collabalign-deployment"
+version = "1.0.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "collabalign"
+
+[tool.flwr.app.components]
+serverapp = "collabalign.app:server_app"
+clientapp = "collabalign.app:client_app"
+
+[tool.flwr.app.config]
+config = ""
+overrides = ""
+out = ""
+"""
+
+
+def write_app(folder: Path) -> Path:
+    """A Flower app folder whose ServerApp and ClientApp are the installed `collabalign.app`'s (what `flwr run`
+    packages: no project checkout needed)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(APP_TOML)
+    return folder
+
+
+def deploy(config: Path, overrides: list[str], nodes: int, out: Path, progress: bool = True,
+           timeout_s: float = 24 * 3600, node_settings: dict[int, dict[str, Any]] | None = None) -> Path:
+    """Runs the job of the deployment config on `nodes` loopback SuperNodes (node I declaring `node_settings[I]` in
+    its node config); returns the run folder's report."""
+    spec = jobs.read_spec(config, overrides)  # a bad config is one line before any process starts
+    clients = list(jobs.build(spec).clients)
+    if nodes != len(clients):
+        raise ConfigError(f"--nodes {nodes}: the job of {config} has {len(clients)} clients ({', '.join(clients)}); "
+                          f"deploy it on {len(clients)} nodes")
+    if out.exists() and not (out / "checkpoint").exists() and any(out.iterdir()):
+        raise ConfigError(f"{out}: exists and holds no deployment checkpoint; choose another --out")
+    out = out.resolve()
+    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")  # Flower's CLIs beside Python
+    env = {"PATH": path, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+           "FLWR_TELEMETRY_ENABLED": os.environ.get("FLWR_TELEMETRY_ENABLED", "0")}
+    if shutil.which("flower-superlink", path=env["PATH"]) is None:
+        raise ConfigError("flower-superlink is not installed beside this Python (pip install 'flwr[simulation]')")
+    start = time.monotonic()
+    root = out / "deployment"
+    shutil.rmtree(root, ignore_errors=True)  # certificates, keys and logs of an earlier attempt: made anew
+    root.mkdir(parents=True)
+    with LoopbackDeployment(root, env=env, state_dir=out / "node-state", workers=True) as deployment:
+        deployment.node_settings = node_settings or {}
+        deployment.start(nodes)
+        deployment.wait_status(list(range(nodes)), "online")
+        run = deployment.run(write_app(root / "app"), {"config": str(Path(config).resolve()),
+                                                       "overrides": "; ".join(overrides), "out": str(out)})
+        shown = 0
+        while run.poll() is None:
+            if time.monotonic() - start > timeout_s:
+                raise TimeoutError(f"the deployment ran past {timeout_s:g} s; logs in {root}")
+            shown = _show_rounds(out / "metrics.jsonl", shown, progress)
+            time.sleep(0.5)
+        _show_rounds(out / "metrics.jsonl", shown, progress)
+        if run.returncode != 0 or not (out / "manifest.json").exists():
+            raise RuntimeError(f"the deployment failed; its log: {root / 'run.log'}\n" + deployment.log("run")[-3000:])
+    return write_report(out, spec, nodes, time.monotonic() - start)
+
+
+def _show_rounds(metrics: Path, shown: int, progress: bool) -> int:
+    """Prints the metric lines written since the `shown` first; returns how many are shown now."""
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
+    if progress:
+        for line in lines[shown:]:
+            print(f"deploy: {line}", file=sys.stderr, flush=True)
+    return len(lines)
+
+
+def write_report(out: Path, spec: jobs.JobSpec, nodes: int, seconds: float) -> Path:
+    """report.md: the job, the final metrics, the bytes each way and the clients dropped, from the run folder."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    ledger = [line.split(",") for line in (out / "ledger.csv").read_text().splitlines()[1:]]
+    sent = {d: sum(int(row[4]) for row in ledger if row[3] == d) for d in ("down", "up")}
+    final = {k: v for k, v in rounds[-1].items() if isinstance(v, int | float)}
+    dropped = sorted({c for r in rounds for c in r.get("dropped_clients", {})})
+    lines = [f"# Deployment: {spec.method}", "",
+             f"`{spec.method}` on a Flower deployment on this machine's loopback: a SuperLink with TLS and SuperNode "
+             f"authentication and {nodes} SuperNodes, one per client, each holding only its own client's data and "
+             f"private state (in node-state/). Data: `{spec.data}`. {len(rounds) - 1} rounds evaluated after round 0 "
+             f"in {seconds:.0f} s.", "", "| final metric | value |", "|---|---|",
+             *(f"| {k} | {v:.4g} |" for k, v in final.items()), "",
+             f"Bytes sent: {sent['down']:,} down, {sent['up']:,} up (ledger.csv, every message). "
+             f"Clients dropped from a round: {', '.join(dropped) if dropped else 'none'}.", "",
+             f"Saved: {', '.join(manifest['adapters']) or ', '.join(manifest['arrays'])} (manifest.json; "
+             "`collabalign score` and `collabalign generate` read this folder). The per-round metrics are in "
+             "metrics.jsonl; the processes' logs in deployment/."]
+    path = out / "report.md"
+    path.write_text("\n".join(lines) + "\n")
+    return path

@@ -1,0 +1,105 @@
+"""Federated jobs by method, from a deployment config: what `collabalign deploy` and the Flower app (`app.py`) run.
+
+A deployment config is a YAML file naming `method` (a federated method: `FEDERATED`), `data` (its data file in the
+method's format, relative to the config's folder; `example` for the shipped example file of that format) and the
+method's own settings, as `collabalign train METHOD --config` reads them (its `engine` and `aggregation` sections
+included), e.g. configs/deploy/fedavg-lora.yaml. The ServerApp and every ClientApp build the same job from it
+(`build`), so a setting holds on a deployment exactly as in the simulator.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from collabalign.config import ConfigError, apply_overrides, read_yaml, short, validate
+from collabalign.federation.job import FederatedJob
+
+# method -> (module, config class, job builder, the example file of its data format)
+FEDERATED = {
+    "fedavg-lora": ("collabalign.methods.fedavg_lora", "FedAvgLoRAConfig", "fedavg_lora_job", "pairs"),
+    "fslora": ("collabalign.methods.fslora.entry", "FSLoRAConfig", "fslora_job", "labelled"),
+    "firm": ("collabalign.methods.firm.entry", "FIRMConfig", "firm_job", "prompts"),
+}
+EXAMPLE = "example"  # `data: example`: the shipped example file of the method's format
+# method -> {node config key: the config list it sets at the node's client}: what a SuperNode declares about itself
+NODE_SETTINGS = {"fslora": {"rank": "ranks"}}
+DEFAULT_CONFIG = Path(__file__).parent / "configs" / "deploy" / "fedavg-lora.yaml"  # a run config's config ""
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A validated deployment config: the method, its config object and the data file."""
+
+    method: str
+    config: Any
+    data: Path
+
+
+def read_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
+    """The deployment config at `path` with dotted `overrides`; a bad one is a ConfigError naming the file and key."""
+    path = Path(path)
+    values = apply_overrides(read_yaml(path), list(overrides))
+    method, data = values.pop("method", None), values.pop("data", None)
+    if method not in FEDERATED:
+        raise ConfigError(f"{path}: method = {short(method)}: must be one of {', '.join(FEDERATED)}")
+    if not isinstance(data, str) or not data:
+        raise ConfigError(f"{path}: data = {short(data)}: must be a data file (relative to the config's folder) or "
+                          f"{EXAMPLE!r}")
+    module_name, config_class, _, example = FEDERATED[method]
+    config = validate(getattr(importlib.import_module(module_name), config_class), values, str(path))
+    file = example_file(example) if data == EXAMPLE else (path.parent / data).resolve()
+    if not file.is_file():
+        raise ConfigError(f"{path}: data = {short(data)}: no such file ({file})")
+    return JobSpec(method, config, file)
+
+
+def spec_of(run_config: dict[str, Any]) -> JobSpec:
+    """The deployment config a Flower run config names (``config``; "" = `DEFAULT_CONFIG`) with its ``overrides``
+    (dotted, separated by ";")."""
+    path = str(run_config.get("config", "")) or str(DEFAULT_CONFIG)
+    overrides = [o.strip() for o in str(run_config.get("overrides", "")).split(";") if o.strip()]
+    return read_spec(path, overrides)
+
+
+def job_key(spec: JobSpec) -> str:
+    """What identifies a job's run across restarts: method, settings and the data's bytes."""
+    from collabalign.data.formats import file_hash
+    from collabalign.runs import fingerprint
+
+    return fingerprint({"method": spec.method, "config": spec.config.model_dump(mode="json"),
+                        "data": file_hash(spec.data)})
+
+
+def with_node_settings(spec: JobSpec, clients: list[str], declared: dict[str, dict[str, Any]]) -> JobSpec:
+    """The spec with what each client's node declared in its node config (FSLoRA: ``rank``, that device's LoRA rank)
+    in place of the config's value for that client. A node config is the node's, for every app it runs: keys the
+    method does not take are left to other apps; a bad value is a ConfigError naming the node config."""
+    allowed, lists = NODE_SETTINGS.get(spec.method, {}), {}
+    for i, cid in enumerate(clients):
+        for key, value in declared.get(cid, {}).items():
+            if key in allowed:
+                lists.setdefault(allowed[key], list(getattr(spec.config, allowed[key])))[i] = value
+    if not lists:
+        return spec
+    config = validate(type(spec.config), spec.config.model_dump() | lists, "node config")
+    return JobSpec(spec.method, config, spec.data)
+
+
+def build(spec: JobSpec) -> FederatedJob:
+    """The spec's federated job (loads the model and the data)."""
+    module_name, _, builder, _ = FEDERATED[spec.method]
+    return getattr(importlib.import_module(module_name), builder)(spec.config, spec.data)
+
+
+def example_file(name: str) -> Path:
+    """The shipped example file `name` (examples.py), written once into the cache folder, keyed by the source that
+    writes it (same bytes every time)."""
+    from collabalign import examples
+    from collabalign.data.formats import file_hash
+    from collabalign.models.backbones import cache_dir, write_once
+
+    folder = write_once(cache_dir() / f"examples-{file_hash(examples.__file__)[:12]}", examples.write_examples)
+    return next(folder.glob(f"{name}.*"))

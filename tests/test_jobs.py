@@ -1,0 +1,63 @@
+"""Deployment configs (jobs.py): every shipped one reads, a bad one is one line naming the file and key, and
+`collabalign deploy` refuses a node count that does not match the job's clients before starting any process."""
+
+import pytest
+
+from collabalign import jobs
+from collabalign.cli import CONFIG_DIR, main
+from collabalign.config import ConfigError
+
+SHIPPED = sorted((CONFIG_DIR / "deploy").glob("*.yaml"))
+
+
+def test_every_shipped_deployment_config_reads_with_its_example_data():
+    assert {p.stem for p in SHIPPED} == set(jobs.FEDERATED)
+    for path in SHIPPED:
+        spec = jobs.read_spec(path)
+        assert spec.method == path.stem and spec.data.is_file()
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("method: sgd\ndata: example\n", "method = 'sgd': must be one of"),
+    ("method: fslora\n", "data = None"),
+    ("method: fslora\ndata: nowhere.jsonl\n", "no such file"),
+    ("method: fslora\ndata: example\nrounds: 0\n", "rounds"),
+    ("method: fslora\ndata: example\nrank: 4\n", "rank"),
+])
+def test_a_bad_deployment_config_is_one_clear_error(tmp_path, text, problem):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises((ConfigError, ValueError), match=problem):
+        jobs.read_spec(path)
+
+
+def test_relative_data_is_read_from_the_config_folder(tmp_path):
+    (tmp_path / "mine.jsonl").write_text(jobs.example_file("labelled").read_text())
+    (tmp_path / "job.yaml").write_text("method: fslora\ndata: mine.jsonl\n")
+    assert jobs.read_spec(tmp_path / "job.yaml").data == (tmp_path / "mine.jsonl").resolve()
+
+
+def test_deploy_refuses_a_node_count_that_does_not_match_the_clients(tmp_path, capsys):
+    code = main(["deploy", "deploy/fslora", "model=tiny-llama", "ranks=[2, 4]", "lora.rank=4", "--nodes", "3",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "--nodes 3: the job of" in err and "has 2 clients" in err and err.count("\n") == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_what_a_node_declares_sets_its_clients_setting():
+    spec = jobs.read_spec(CONFIG_DIR / "deploy" / "fslora.yaml", ["ranks=[2, 4]", "lora.rank=8"])
+    adapted = jobs.with_node_settings(spec, ["device0", "device1"], {"device0": {"rank": 8}, "device1": {"zone": 3}})
+    assert adapted.config.ranks == [8, 4] and spec.config.ranks == [2, 4]
+    assert jobs.with_node_settings(spec, ["device0", "device1"], {"device1": {"zone": 3}}) is spec  # not fslora's
+    with pytest.raises(ConfigError, match="node config"):
+        jobs.with_node_settings(spec, ["device0", "device1"], {"device0": {"rank": 16}})  # above lora.rank
+    fedavg = jobs.read_spec(CONFIG_DIR / "deploy" / "fedavg-lora.yaml")
+    assert jobs.with_node_settings(fedavg, ["client0"], {"client0": {"rank": 4}}) is fedavg
+
+
+@pytest.mark.parametrize("item", ["5:rank=2", "rank=2", "0:rank", "x:rank=2"])
+def test_a_bad_node_config_option_is_one_line(item, tmp_path, capsys):
+    code = main(["deploy", "deploy/fslora", "--nodes", "2", "--node-config", item, "--out", str(tmp_path / "o")])
+    err = capsys.readouterr().err
+    assert code == 2 and f"--node-config {item}: must be I:KEY=VALUE" in err and err.count("\n") == 1
