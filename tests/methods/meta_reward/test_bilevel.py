@@ -163,3 +163,12 @@ def test_appendix_a_with_one_response_per_prompt_the_reward_has_no_effect():
         fits.append(fit_tabular(counts, w / Z, steps=300))
     assert torch.equal(fits[0], fits[1])  # the normalised weights are all 1: identical training
     assert ((fits[0] * counts).sum(-1) > 0.99).all()  # heading for the point mass
+
+
+def test_batch_normalised_weights_stay_finite_where_exp_overflows():
+    rewards = torch.tensor([[9.0, 10.0, 11.0], [0.1, 0.2, 0.3]])  # r / β up to 110 at β = 0.1: exp overflows float32
+    w = reward_weights(rewards, 0.1, "batch")
+    assert torch.isfinite(w).all() and torch.allclose(w.mean(-1), torch.ones(2))
+    small = reward_weights(rewards[1:], 0.1, "batch")[0]
+    direct = torch.exp(rewards[1] / 0.1) / torch.exp(rewards[1] / 0.1).mean()
+    assert torch.allclose(small, direct)

@@ -77,7 +77,7 @@ class GlueConfig(Strict):
     budget_task: str | None = None  # E2 (equal upload budget) on this task too
     gate: bool = True  # the five methods run only on tasks whose references show them learned (glue.py)
     device: str = "cpu"
-    federation: dict[str, float | int] = {}  # overrides of the federation section for GLUE, e.g. {rounds: 10}
+    federation: dict[str, float | int | str] = {}  # overrides of the federation section for GLUE, e.g. {rounds: 10}
 
     @model_validator(mode="after")
     def _task_names_valid(self) -> GlueConfig:

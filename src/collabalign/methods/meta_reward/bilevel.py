@@ -33,8 +33,9 @@ def reward_weights(rewards: Tensor, beta: float, norm: str = "none", bound: floa
     if norm not in ("none", "batch"):
         raise ValueError(f"weight norm must be 'none' or 'batch', got {norm!r}")
     r = bound * torch.tanh(rewards / bound) if bound else rewards
-    w = torch.exp(r / beta)
-    return w / w.mean(-1, keepdim=True) if norm == "batch" else w
+    if norm == "batch":  # exp(r/β) / mean exp(r/β), as a softmax: no overflow once r/β passes float32's 88.7
+        return torch.softmax(r / beta, -1) * r.shape[-1]
+    return torch.exp(r / beta)
 
 
 def pl_loss(chosen: Tensor, rejected: Tensor) -> Tensor:
