@@ -1,8 +1,9 @@
 """FSLoRA and FIRM on a real Flower deployment on the loopback (TLS, SuperNode authentication, a node worker and a
 private-state folder per SuperNode, `flwr run .` of the project's app): the saved adapters equal, bit for bit, those of
 the in-process simulator on the same job with the clients trained one after another (the same float32 arithmetic on
-one thread). Each FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's. A file
-apart from test_deployment.py, so the two run side by side under pytest-xdist."""
+one thread). Each FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's. On the
+same deployment, a ClientApp that poisons node 1's replies (x 1e6) has them dropped by `engine.max_update_norm`. A
+file apart from test_deployment.py, so the two run side by side under pytest-xdist."""
 
 import json
 import shutil
@@ -54,3 +55,42 @@ def test_fslora_and_firm_on_the_deployment_equal_the_simulator(tmp_path):
             for key, value in simulated.items():
                 np.testing.assert_array_equal(deployed[key], value, err_msg=f"{method} {key}")
         assert json.loads((tmp_path / "fslora" / "manifest.json").read_text())["metrics"]["ranks"] == [4, 2]
+
+        poisoned = ["engine.max_update_norm=1000", "engine.outlier_factor=null", "engine.min_replies=1"]
+        run = deployment.run(poison_app(tmp_path / "poison-app"), {
+            "config": str(CONFIG_DIR / "deploy" / "fslora.yaml"), "overrides": "; ".join(SMALL["fslora"] + poisoned),
+            "out": str(tmp_path / "poisoned")}, name="poisoned")
+        assert run.wait(timeout=600) == 0, deployment.log("poisoned")
+    records = [json.loads(line) for line in (tmp_path / "poisoned" / "metrics.jsonl").read_text().splitlines()]
+    for record in records[1:]:  # every round: node 1's reply rejected for its norm, node 0's aggregated
+        reasons = record["dropped_clients"]
+        assert list(reasons) == [f"device1@{record['round']}"], reasons
+        assert "rejected" in reasons[f"device1@{record['round']}"] and "norm" in reasons[f"device1@{record['round']}"]
+
+
+POISON = """from collabalign import app
+from collabalign.comm import Message
+from collabalign.federation import flower_client
+
+
+def handle(kind, context, round_, payload):
+    reply = app.handle(kind, context, round_, payload)
+    if kind == "train" and int(context.node_config["partition-id"]) == 1:
+        message = Message.deserialise(reply)
+        reply = Message({k: v * 1e6 for k, v in message.items()}, message.meta).serialise()
+    return reply
+
+
+client_app = flower_client.client_app(handle)
+"""
+
+
+def poison_app(folder: Path) -> Path:
+    """The project's app with a ClientApp that scales node 1's training replies by 1e6 (a poisoned node)."""
+    from collabalign.deployment import APP_TOML
+
+    folder.mkdir(parents=True)
+    (folder / "pyproject.toml").write_text(APP_TOML.replace('clientapp = "collabalign.app:client_app"',
+                                                            'clientapp = "poison:client_app"'))
+    (folder / "poison.py").write_text(POISON)
+    return folder
