@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 DECLARED = {0: {"rank": 4}, 1: {"rank": 2}}  # the SuperNodes' node configs; the config says ranks [2, 4]
 SMALL = {  # each method's deployment config on the tiny Llama, two clients
-    "fslora": ["model=tiny-llama", "ranks=[2, 4]", "lora.rank=4", "rounds=2", "max_length=24"],
+    "fslora": ["model=tiny-llama", "ranks=[2, 4]", "lora.rank=4", "rounds=1", "max_length=24"],
     "firm": ["model=tiny-llama", "clients=2", "rounds=1", "max_new_tokens=4", "lora.blocks=1"],
 }
 
