@@ -61,3 +61,12 @@ def test_a_bad_node_config_option_is_one_line(item, tmp_path, capsys):
     code = main(["deploy", "deploy/fslora", "--nodes", "2", "--node-config", item, "--out", str(tmp_path / "o")])
     err = capsys.readouterr().err
     assert code == 2 and f"--node-config {item}: must be I:KEY=VALUE" in err and err.count("\n") == 1
+
+
+def test_deploy_refuses_a_folder_that_is_not_a_deployments(tmp_path, capsys):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "thesis.tex").write_text("mine")
+    code = main(["deploy", "deploy/fslora", "model=tiny-llama", "ranks=[2, 4]", "lora.rank=4", "--nodes", "2",
+                 "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert code == 2 and "holds thesis.tex, not a deployment's run folder" in err and err.count("\n") == 1

@@ -347,8 +347,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "deploy":
             from collabalign.deployment import deploy
 
-            print(deploy(resolve_config(args.config), args.overrides, args.nodes, args.out, not args.no_progress,
-                         node_settings=node_settings(args.node_config, args.nodes)))
+            try:
+                print(deploy(resolve_config(args.config), args.overrides, args.nodes, args.out, not args.no_progress,
+                             node_settings=node_settings(args.node_config, args.nodes)))
+            except KeyboardInterrupt:
+                print(f"deploy: interrupted; every process it started is stopped; run it again with --out {args.out} "
+                      "to continue from the last completed round", file=sys.stderr)
+                return 130
         elif args.command == "node-worker":
             from collabalign.node import serve
 

@@ -17,7 +17,7 @@ from typing import Any
 
 from collabalign import jobs
 from collabalign.config import ConfigError
-from collabalign.federation.deploy import LoopbackDeployment
+from collabalign.federation.deploy import LoopbackDeployment, kill_tree
 
 APP_TOML = """[build-system]
 requires = ["setuptools"]
@@ -42,6 +42,10 @@ out = ""
 """
 
 
+RUN_FOLDER = {"deployment", "node-state", "checkpoint", "metrics.jsonl", "manifest.json", "adapters",
+              "arrays.safetensors", "ledger.csv", "report.md"}  # what a deployment writes: a folder to continue
+
+
 def write_app(folder: Path) -> Path:
     """A Flower app folder whose ServerApp and ClientApp are the installed `collabalign.app`'s (what `flwr run`
     packages: no project checkout needed)."""
@@ -59,8 +63,8 @@ def deploy(config: Path, overrides: list[str], nodes: int, out: Path, progress: 
     if nodes != len(clients):
         raise ConfigError(f"--nodes {nodes}: the job of {config} has {len(clients)} clients ({', '.join(clients)}); "
                           f"deploy it on {len(clients)} nodes")
-    if out.exists() and not (out / "checkpoint").exists() and any(out.iterdir()):
-        raise ConfigError(f"{out}: exists and holds no deployment checkpoint; choose another --out")
+    if out.exists() and (foreign := sorted({p.name for p in out.iterdir()} - RUN_FOLDER)):
+        raise ConfigError(f"{out}: holds {', '.join(foreign[:3])}, not a deployment's run folder; choose another --out")
     out = out.resolve()
     path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")  # Flower's CLIs beside Python
     env = {"PATH": path, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
@@ -77,13 +81,17 @@ def deploy(config: Path, overrides: list[str], nodes: int, out: Path, progress: 
         deployment.wait_status(list(range(nodes)), "online")
         run = deployment.run(write_app(root / "app"), {"config": str(Path(config).resolve()),
                                                        "overrides": "; ".join(overrides), "out": str(out)})
-        shown = 0
-        while run.poll() is None:
-            if time.monotonic() - start > timeout_s:
-                raise TimeoutError(f"the deployment ran past {timeout_s:g} s; logs in {root}")
-            shown = _show_rounds(out / "metrics.jsonl", shown, progress)
-            time.sleep(0.5)
-        _show_rounds(out / "metrics.jsonl", shown, progress)
+        try:
+            shown = 0
+            while run.poll() is None:
+                if time.monotonic() - start > timeout_s:
+                    raise TimeoutError(f"the deployment ran past {timeout_s:g} s; logs in {root}")
+                shown = _show_rounds(out / "metrics.jsonl", shown, progress)
+                time.sleep(0.5)
+            _show_rounds(out / "metrics.jsonl", shown, progress)
+        finally:  # Ctrl-C or an error: the `flwr run` client goes too (the SuperLink and nodes go with the `with`)
+            if run.poll() is None:
+                kill_tree(run)
         if run.returncode != 0 or not (out / "manifest.json").exists():
             raise RuntimeError(f"the deployment failed; its log: {root / 'run.log'}\n" + deployment.log("run")[-3000:])
     return write_report(out, spec, nodes, time.monotonic() - start)
