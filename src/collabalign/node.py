@@ -122,6 +122,10 @@ def serve(path: str | Path) -> None:
         old = os.umask(0o177)
         try:
             server.bind(str(path))
+        except OSError as err:  # e.g. a path past the ~107 bytes a Unix socket's name may have
+            from collabalign.config import ConfigError
+
+            raise ConfigError(f"node-worker {path}: cannot listen there: {err}") from None
         finally:
             os.umask(old)
         server.listen()

@@ -18,10 +18,12 @@ import datetime
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -138,6 +140,7 @@ class LoopbackDeployment:
         self.nodes: dict[int, subprocess.Popen] = {}
         self.worker_processes: dict[int, subprocess.Popen] = {}  # partition -> its node worker (`workers`)
         self.node_settings: dict[int, dict[str, int | float | str]] = {}  # partition -> what its node config declares
+        self.socket_dir: Path | None = None  # the node workers' sockets
         self.keys: dict[int, Path] = {}
         self.node_ids: dict[int, str] = {}  # partition -> the SuperLink's node id (fixed by the node's key)
 
@@ -208,8 +211,11 @@ class LoopbackDeployment:
         return config
 
     def worker_socket(self, partition: int) -> Path:
-        """The Unix socket node `partition`'s worker listens on (short: socket paths are limited to ~100 bytes)."""
-        return self.root / "w" / f"{partition}.sock"
+        """The Unix socket node `partition`'s worker listens on, in a short temporary folder (a socket's path may have
+        at most ~107 bytes, less than a deep run folder's)."""
+        if self.socket_dir is None:
+            self.socket_dir = Path(tempfile.mkdtemp(prefix="collabalign-"))
+        return self.socket_dir / f"{partition}.sock"
 
     def status(self) -> dict[int, str]:
         """Each registered SuperNode's status as the SuperLink sees it ('online', 'offline', ...), by partition."""
@@ -255,3 +261,6 @@ class LoopbackDeployment:
         if self.link is not None:
             kill_tree(self.link, signal.SIGTERM)
             self.link = None
+        if self.socket_dir is not None:
+            shutil.rmtree(self.socket_dir, ignore_errors=True)
+            self.socket_dir = None
