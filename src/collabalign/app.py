@@ -50,7 +50,7 @@ def serve_job(grid: Grid, spec: Any, out: Path) -> Any:
     from collabalign.federation import flower
     from collabalign.federation.checkpoint import Checkpoint
     from collabalign.federation.protocol import ClientContext
-    from collabalign.runs import RunDir, atomic_write_text, metric_line
+    from collabalign.runs import RunDir, metric_line
 
     job = jobs.build(spec)
     node_of, declared = flower.handshake(grid, sorted(job.clients))
@@ -59,8 +59,8 @@ def serve_job(grid: Grid, spec: Any, out: Path) -> Any:
     out.mkdir(parents=True, exist_ok=True)
     checkpoint = Checkpoint(out / "checkpoint")
     log = checkpoint.load()[2] if checkpoint.exists else []
-    metrics = out / "metrics.jsonl"
-    atomic_write_text(metrics, "".join(metric_line(line["metrics"]) + "\n" for line in log if line["metrics"]))
+    run_dir, metrics = RunDir(out, create=False), out / "metrics.jsonl"
+    run_dir.write_metrics([line["metrics"] for line in log if line["metrics"]])  # the rounds a rerun continues after
 
     def append(round_: int, record: dict[str, Any]) -> None:
         with metrics.open("a", encoding="utf-8") as f:
@@ -71,7 +71,7 @@ def serve_job(grid: Grid, spec: Any, out: Path) -> Any:
                        job.options, on_round=append, checkpoint=checkpoint, node_of=node_of)
     result = job.finish(sim)
     result.save(out)
-    RunDir(out, create=False).write_ledgers({job.label: sim.ledger})
+    run_dir.write_ledgers({job.label: sim.ledger})
     return result
 
 

@@ -7,7 +7,6 @@ started is stopped by process id at the end, on an error and on Ctrl-C.
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import sys
@@ -16,8 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from collabalign import jobs
+from collabalign.artifacts import read_manifest
 from collabalign.config import ConfigError
 from collabalign.federation.deploy import LoopbackDeployment, kill_tree
+from collabalign.runs import RunDir
 
 APP_TOML = """[build-system]
 requires = ["setuptools"]
@@ -108,10 +109,9 @@ def _show_rounds(metrics: Path, shown: int, progress: bool) -> int:
 
 def write_report(out: Path, spec: jobs.JobSpec, nodes: int, seconds: float) -> Path:
     """report.md: the job, the final metrics, the bytes each way and the clients dropped, from the run folder."""
-    manifest = json.loads((out / "manifest.json").read_text())
-    rounds = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    ledger = [line.split(",") for line in (out / "ledger.csv").read_text().splitlines()[1:]]
-    sent = {d: sum(int(row[4]) for row in ledger if row[3] == d) for d in ("down", "up")}
+    run = RunDir(out, create=False)
+    manifest, rounds = read_manifest(out), run.read_metrics()
+    sent = {d: sum(led.total(d) for led in run.read_ledgers().values()) for d in ("down", "up")}
     final = {k: v for k, v in rounds[-1].items() if isinstance(v, int | float)}
     dropped = sorted({c for r in rounds for c in r.get("dropped_clients", {})})
     lines = [f"# Deployment: {spec.method}", "",
