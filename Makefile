@@ -26,7 +26,7 @@ lint: venv
 	.venv/bin/ruff check .
 
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder
+	$(PY) -m pytest -q -p no:cacheprovider -n 2 --dist loadfile --no-loadscope-reorder --durations=12
 
 clean:
 	rm -rf .venv .cache runs

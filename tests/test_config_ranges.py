@@ -10,7 +10,8 @@ from collabalign.cli import CONFIG_DIR, load_config
 from collabalign.config import ConfigError, read_yaml
 from collabalign.experiments import EXPERIMENTS
 
-SHIPPED = sorted(CONFIG_DIR.rglob("*.yaml"))
+# experiment configs; the deployment configs under deploy/ are read by `collabalign deploy` (tests/test_jobs.py)
+SHIPPED = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if p.parent.name != "deploy")
 QUICKSTART = CONFIG_DIR / "quickstart" / "quick.yaml"
 
 
