@@ -18,11 +18,11 @@ def test_every_shipped_deployment_config_reads_with_its_example_data():
 
 
 @pytest.mark.parametrize(("text", "problem"), [
-    ("method: sgd\ndata: example\n", "method = 'sgd': must be one of"),
-    ("method: fslora\n", "data = None"),
-    ("method: fslora\ndata: nowhere.jsonl\n", "no such file"),
-    ("method: fslora\ndata: example\nrounds: 0\n", "rounds"),
-    ("method: fslora\ndata: example\nrank: 4\n", "rank"),
+    ("train: sgd\ndata: example\n", "train = 'sgd': must be one of"),
+    ("train: fslora\n", "data = None"),
+    ("train: fslora\ndata: nowhere.jsonl\n", "no such file"),
+    ("train: fslora\ndata: example\nrounds: 0\n", "rounds"),
+    ("train: fslora\ndata: example\nrank: 4\n", "rank"),
 ])
 def test_a_bad_deployment_config_is_one_clear_error(tmp_path, text, problem):
     path = tmp_path / "job.yaml"
@@ -33,7 +33,7 @@ def test_a_bad_deployment_config_is_one_clear_error(tmp_path, text, problem):
 
 def test_relative_data_is_read_from_the_config_folder(tmp_path):
     (tmp_path / "mine.jsonl").write_text(jobs.example_file("labelled").read_text())
-    (tmp_path / "job.yaml").write_text("method: fslora\ndata: mine.jsonl\n")
+    (tmp_path / "job.yaml").write_text("train: fslora\ndata: mine.jsonl\n")
     assert jobs.read_spec(tmp_path / "job.yaml").data == (tmp_path / "mine.jsonl").resolve()
 
 

@@ -41,6 +41,8 @@ CONFIG_DIR = Path(__file__).parent / "configs"
 TRAINERS = {
     "fedavg-lora": ("collabalign.methods.fedavg_lora", "FedAvgLoRAConfig", "train_fedavg_lora"),
     "pshare-lora": ("collabalign.methods.pshare_lora.entry", "PShareLoRAConfig", "train_pshare_lora"),
+    "pshare-lora-federated": ("collabalign.methods.pshare_lora.federated_entry", "FederatedPShareLoRAConfig",
+                              "train_pshare_lora_federated"),
     "meta-reward": ("collabalign.methods.meta_reward.entry", "MetaRewardConfig", "train_meta_reward"),
     "firm": ("collabalign.methods.firm.entry", "FIRMConfig", "train_firm"),
     "fslora": ("collabalign.methods.fslora.entry", "FSLoRAConfig", "train_fslora"),

@@ -1,6 +1,6 @@
 """Federated jobs by method, from a deployment config: what `collabalign deploy` and the Flower app (`app.py`) run.
 
-A deployment config is a YAML file naming `method` (a federated method: `FEDERATED`), `data` (its data file in the
+A deployment config is a YAML file naming `train` (a federated method: `FEDERATED`), `data` (its data file in the
 method's format, relative to the config's folder; `example` for the shipped example file of that format) and the
 method's own settings, as `collabalign train METHOD --config` reads them (its `engine` and `aggregation` sections
 included), e.g. configs/deploy/fedavg-lora.yaml. The ServerApp and every ClientApp build the same job from it
@@ -22,6 +22,8 @@ FEDERATED = {
     "fedavg-lora": ("collabalign.methods.fedavg_lora", "FedAvgLoRAConfig", "fedavg_lora_job", "pairs"),
     "fslora": ("collabalign.methods.fslora.entry", "FSLoRAConfig", "fslora_job", "labelled"),
     "firm": ("collabalign.methods.firm.entry", "FIRMConfig", "firm_job", "prompts"),
+    "pshare-lora-federated": ("collabalign.methods.pshare_lora.federated_entry", "FederatedPShareLoRAConfig",
+                              "pshare_lora_federated_job", "pairs"),
 }
 EXAMPLE = "example"  # `data: example`: the shipped example file of the method's format
 # method -> {node config key: the config list it sets at the node's client}: what a SuperNode declares about itself
@@ -42,9 +44,9 @@ def read_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
     """The deployment config at `path` with dotted `overrides`; a bad one is a ConfigError naming the file and key."""
     path = Path(path)
     values = apply_overrides(read_yaml(path), list(overrides))
-    method, data = values.pop("method", None), values.pop("data", None)
+    method, data = values.pop("train", None), values.pop("data", None)
     if method not in FEDERATED:
-        raise ConfigError(f"{path}: method = {short(method)}: must be one of {', '.join(FEDERATED)}")
+        raise ConfigError(f"{path}: train = {short(method)}: must be one of {', '.join(FEDERATED)}")
     if not isinstance(data, str) or not data:
         raise ConfigError(f"{path}: data = {short(data)}: must be a data file (relative to the config's folder) or "
                           f"{EXAMPLE!r}")

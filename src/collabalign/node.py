@@ -9,7 +9,8 @@ message's bytes over the node's Unix socket (`ask`). The worker is a process of 
 
 Private state: with ``state-dir`` in the node config, in a `NodeStore` under ``state-dir/<job key>/<client>`` (it
 survives a restart of the SuperNode and of the worker); else it travels with the message as bytes the caller keeps
-(Flower's node context).
+(Flower's node context). A personalised job's node saves its client's own model (`FederatedJob.personal`) there after
+the last round's evaluation, in ``result/`` (as `collabalign train` saves a run).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def handle(kind: str, run_config: dict[str, Any], node_config: dict[str, Any], r
     """One message of `kind` ("query", "train", "evaluate") for the node of `node_config` in the run of `run_config`:
     (reply bytes, the private state's new bytes when the caller keeps it, else b"")."""
     from collabalign.comm import Message
-    from collabalign.federation.flower import NodeStore, metrics_reply, train_reply
+    from collabalign.federation.flower import NodeStore, evaluated_state, metrics_reply, train_reply
     from collabalign.federation.flower_client import whoami
+    from collabalign.federation.protocol import ClientContext
 
     job, key = _job(json.dumps(run_config, sort_keys=True))
     cid = client_of(list(job.clients), node_config)
@@ -50,7 +52,10 @@ def handle(kind: str, run_config: dict[str, Any], node_config: dict[str, Any], r
     private = store.load(before) if store is not None else (dict(Message.deserialise(state)) if state else {})
     data = job.clients[cid]
     if kind == "evaluate":
-        return metrics_reply(job.algorithm, data, cid, round_, payload, private), b""
+        reply = metrics_reply(job.algorithm, data, cid, round_, payload, private)
+        if store is not None and job.personal is not None and round_ == job.rounds:  # the client's own model
+            job.personal(evaluated_state(payload), ClientContext(cid, data, private)).save(store.folder / "result")
+        return reply, b""
     reply, private = train_reply(job.algorithm, data, job.seed, cid, round_, payload, private)
     if store is not None:
         store.save(round_, private)

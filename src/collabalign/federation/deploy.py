@@ -133,7 +133,8 @@ class LoopbackDeployment:
     def __init__(self, root: Path, env: dict[str, str] | None = None, state_dir: Path | None = None,
                  workers: bool = False):
         self.root, self.state_dir, self.workers = root, state_dir, workers
-        self.env = {**os.environ, **(env or {}), "FLWR_HOME": str(root / "flwr-home")}
+        self.env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", **(env or {}),
+                    "FLWR_HOME": str(root / "flwr-home")}  # the app runs in this environment, as it is
         self.port = free_port()
         self.ca, self.cert, self.key = write_tls(root / "tls")
         self.link: subprocess.Popen | None = None

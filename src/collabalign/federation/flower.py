@@ -289,10 +289,14 @@ def train_reply(algorithm: Algorithm, data: Any, seed: int, cid: str, round_: in
 def metrics_reply(algorithm: Algorithm, data: Any, cid: str, round_: int, payload: bytes,
                   state: dict[str, Any]) -> bytes:
     """One client's `client_metrics` of the server state a serialised evaluate message carries."""
-    message = Message.deserialise(payload)
-    server_state = unflatten(message.meta["tree"], dict(message))
-    metrics = algorithm.client_metrics(server_state, ClientContext(cid, data, state), round_)
+    metrics = algorithm.client_metrics(evaluated_state(payload), ClientContext(cid, data, state), round_)
     return Message({}, {k: float(v) for k, v in metrics.items()}).serialise()
+
+
+def evaluated_state(payload: bytes) -> Any:
+    """The server state a serialised evaluate message carries."""
+    message = Message.deserialise(payload)
+    return unflatten(message.meta["tree"], dict(message))
 
 
 def in_process_handler(client_id: Callable[[Any], str], job: Job) -> Handler:

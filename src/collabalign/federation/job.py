@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from collabalign.federation.engine import EngineOptions, SimulationResult
-from collabalign.federation.protocol import Algorithm
+from collabalign.federation.protocol import Algorithm, ClientContext
 from collabalign.federation.simulator import simulate
 
 
@@ -22,7 +22,9 @@ from collabalign.federation.simulator import simulate
 class FederatedJob:
     """One federated run: `clients` maps client id -> that client's data; `finish` turns the run's result into the
     method's `Result` (adapters, metrics). A job's rounds are engine rounds (FIRM: `engine_rounds_per_round` per
-    training round)."""
+    training round). A personalised job's `personal(state, client)` is one client's own `Result` after the last
+    round, built where that client's private state is: a deployment's node saves its own (`node.handle`), the
+    job's `finish` gathers them when the clients ran in this process."""
 
     label: str
     algorithm: Algorithm
@@ -33,6 +35,7 @@ class FederatedJob:
     finish: Callable[[SimulationResult], Any]
     eval_every: int = 1
     fraction: float = 1.0
+    personal: Callable[[Any, ClientContext], Any] | None = None
 
     def simulate(self, progress: bool = False) -> SimulationResult:
         """The rounds on `options.engine` in this process (or Flower's simulation engine)."""

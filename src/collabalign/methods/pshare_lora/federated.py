@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from collabalign.comm import Message, Params
-from collabalign.federation.aggregation import weighted_average
+from collabalign.federation.aggregation import Aggregation, combine
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext, evaluate_per_client
 from collabalign.methods.pshare_lora.local_trainer import INIT_STREAM, Kind, RoutedLoRA, summary
@@ -46,12 +46,14 @@ def personal_bytes(clients: Mapping[str, ClientContext]) -> int:
 
 class PersonalLoRA:
     """Users as clients of one LoRA reward model: parameters of the `personal` kinds stay on the clients, the others
-    are sent, trained by `trainer` and averaged weighted by sample count. `global_rounds` > 0: FedAvg-LoRA first
-    (everything sent), then each client continues from the global parameters at `personal_lr`."""
+    are sent, trained by `trainer` and combined by `aggregation` (default: averaged weighted by sample count).
+    `global_rounds` > 0: FedAvg-LoRA first (everything sent), then each client continues from the global parameters
+    at `personal_lr`."""
 
     def __init__(self, trainer: RoutedLoRA, personal: tuple[Kind, ...], global_rounds: int = 0,
-                 personal_lr: float | None = None, independent_init: bool = False):
-        self.trainer = trainer
+                 personal_lr: float | None = None, independent_init: bool = False,
+                 aggregation: Aggregation | None = None):
+        self.trainer, self.aggregation = trainer, aggregation or Aggregation()
         self.personal = [n for n, k in trainer.kinds.items() if k in personal]
         self.shared = [n for n in trainer.kinds if n not in self.personal]
         self.global_rounds = global_rounds
@@ -116,7 +118,8 @@ class PersonalLoRA:
         ordered = [replies[cid] for cid in sorted(replies)]
         params = dict(state["params"])
         if ordered and len(ordered[0]):
-            params.update(weighted_average(ordered, np.array([r.meta["n"] for r in ordered])))
+            sent = {n: params[n] for n in ordered[0]}
+            params.update(combine(sent, ordered, np.array([r.meta["n"] for r in ordered]), self.aggregation, round_))
         seen = sorted(set(state["seen"]) | set(replies)) if self.is_personal(round_) else state["seen"]
         return {**state, "params": params, "seen": seen}
 
@@ -175,8 +178,9 @@ class FederatedPShareLoRA(PersonalLoRA):
     """P-ShareLoRA: B of every layer (and any head) shared and averaged, A_i personal. `global_rounds` > 0 gives
     the G / WU variants (FedAvg-LoRA first, then each client continues from the global A at `personal_lr`)."""
 
-    def __init__(self, trainer: RoutedLoRA, global_rounds: int = 0, personal_lr: float | None = None):
-        super().__init__(trainer, ("A",), global_rounds, personal_lr)
+    def __init__(self, trainer: RoutedLoRA, global_rounds: int = 0, personal_lr: float | None = None,
+                 aggregation: Aggregation | None = None):
+        super().__init__(trainer, ("A",), global_rounds, personal_lr, aggregation=aggregation)
 
 
 class LocalLoRA(PersonalLoRA):
