@@ -2,11 +2,14 @@
 private-state folder per SuperNode, `flwr run .` of the project's app): the saved adapters equal, bit for bit, those of
 the in-process simulator on the same job with the clients trained one after another (the same float32 arithmetic on
 one thread). Each FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's. On the
-same deployment, a ClientApp that poisons node 1's replies (x 1e6) has them dropped by `engine.max_update_norm`. A
-file apart from test_deployment.py, so the two run side by side under pytest-xdist."""
+same deployment, a ClientApp that poisons node 1's replies (x 1e6) has them dropped by `engine.max_update_norm`. While
+the jobs run, the SuperLink refuses three SuperNodes: one whose key was never registered, one without the CA
+certificate the SuperLink's certificate is signed by, and one that talks plaintext; each gives up after its retries
+and is never listed online. A file apart from test_deployment.py, so the two run side by side under pytest-xdist."""
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,7 +18,7 @@ from safetensors.numpy import load_file
 
 from collabalign import jobs
 from collabalign.cli import CONFIG_DIR
-from collabalign.federation.deploy import LoopbackDeployment
+from collabalign.federation.deploy import CONNECTION, HOST, LoopbackDeployment, free_port, write_node_key
 
 pytestmark = pytest.mark.flower
 if shutil.which("flower-superlink") is None:
@@ -41,6 +44,7 @@ def test_fslora_and_firm_on_the_deployment_equal_the_simulator(tmp_path):
         deployment.node_settings = DECLARED
         deployment.start(nodes=2)
         deployment.wait_status([0, 1], "online")
+        refused = start_refused_nodes(deployment, tmp_path)
         for method, overrides in SMALL.items():
             config = CONFIG_DIR / "deploy" / f"{method}.yaml"
             run = deployment.run(ROOT, {"config": str(config), "overrides": "; ".join(overrides),
@@ -61,11 +65,46 @@ def test_fslora_and_firm_on_the_deployment_equal_the_simulator(tmp_path):
             "config": str(CONFIG_DIR / "deploy" / "fslora.yaml"), "overrides": "; ".join(SMALL["fslora"] + poisoned),
             "out": str(tmp_path / "poisoned")}, name="poisoned")
         assert run.wait(timeout=600) == 0, deployment.log("poisoned")
+        assert_refused(deployment, refused, tmp_path)
     records = [json.loads(line) for line in (tmp_path / "poisoned" / "metrics.jsonl").read_text().splitlines()]
     for record in records[1:]:  # every round: node 1's reply rejected for its norm, node 0's aggregated
         reasons = record["dropped_clients"]
         assert list(reasons) == [f"device1@{record['round']}"], reasons
         assert "rejected" in reasons[f"device1@{record['round']}"] and "norm" in reasons[f"device1@{record['round']}"]
+
+
+def start_refused_nodes(deployment: LoopbackDeployment, tmp_path: Path) -> dict:
+    """Three SuperNodes the SuperLink must refuse, started beside the registered ones."""
+    stranger, _ = write_node_key(tmp_path / "keys", "stranger")  # never registered
+    no_ca, public = write_node_key(tmp_path / "keys", "no-ca")  # a registered key: only TLS stands in its way
+    deployment.flwr("supernode", "register", str(public), CONNECTION)
+    base = ["flower-supernode", "--superlink", f"{HOST}:{deployment.port}", "--max-retries", "2",
+            "--max-wait-time", "20", "--node-config", "partition-id=0 num-partitions=1"]
+    attempts = {
+        "unregistered": [*base, "--root-certificates", str(deployment.ca), "--auth-supernode-private-key",
+                         str(stranger), "--port", str(free_port())],
+        "no-ca": [*base, "--auth-supernode-private-key", str(no_ca), "--port", str(free_port())],
+        "plaintext": [*base, "--insecure", "--port", str(free_port())],  # no TLS (and so no node key)
+    }
+    return {name: deployment._spawn(name, command) for name, command in attempts.items()}
+
+
+def assert_refused(deployment: LoopbackDeployment, processes: dict, tmp_path: Path) -> None:
+    """Each refused SuperNode gave up with an error for its own reason; only the two registered ones are online."""
+    deadline = time.monotonic() + 120
+    while any(p.poll() is None for p in processes.values()) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    outcome = {name: p.poll() for name, p in processes.items()}
+    for p in processes.values():
+        if p.poll() is None:
+            p.kill()
+    assert all(code not in (None, 0) for code in outcome.values()), outcome  # each gave up with an error
+    logs = {name: (tmp_path / f"{name}.log").read_text(errors="replace") for name in processes}
+    assert "Failed to activate SuperNode" in logs["unregistered"]  # reached the SuperLink, which refused its key
+    assert "certificate verify failed" in logs["no-ca"]  # could not trust the SuperLink's certificate
+    assert "Connection attempt failed" in logs["plaintext"] and "Failed to activate" not in logs["plaintext"]
+    nodes = deployment.flwr("supernode", "ls", "loopback", "--format", "json")
+    assert nodes.count('"online"') == 2  # only the registered nodes with the CA and TLS
 
 
 POISON = """from collabalign import app

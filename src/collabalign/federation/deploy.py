@@ -25,6 +25,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cryptography import x509
@@ -178,8 +180,22 @@ class LoopbackDeployment:
             if self.link.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the SuperLink did not start; see {self.root / 'superlink.log'}")
             time.sleep(0.2)
+        self.register(range(nodes))
         for i in range(nodes):
             self.start_node(i, nodes)
+
+    def register(self, partitions: Iterable[int]) -> None:
+        """A key for each of `partitions` not yet registered, registered with the SuperLink (the `flwr` CLI calls side
+        by side: each spends seconds importing)."""
+        new = [p for p in partitions if p not in self.keys]
+        public = {}
+        for p in new:
+            self.keys[p], public[p] = write_node_key(self.root / "keys", f"node{p}")
+        with ThreadPoolExecutor(max(1, len(new))) as pool:
+            outs = pool.map(lambda p: self.flwr("supernode", "register", str(public[p]), CONNECTION, "--format",
+                                                "json"), new)
+            for p, out in zip(new, outs, strict=True):
+                self.node_ids[p] = str(json.loads(out[out.index("{"):])["node-id"])
 
     def _listening(self) -> bool:
         with socket.socket() as s:
@@ -188,10 +204,7 @@ class LoopbackDeployment:
     def start_node(self, partition: int, partitions: int) -> None:
         """SuperNode `partition` (registered with the SuperLink the first time; a restart keeps its key, so it
         rejoins as the same node)."""
-        if partition not in self.keys:
-            self.keys[partition], public = write_node_key(self.root / "keys", f"node{partition}")
-            out = self.flwr("supernode", "register", str(public), CONNECTION, "--format", "json")
-            self.node_ids[partition] = str(json.loads(out[out.index("{"):])["node-id"])
+        self.register([partition])
         if self.workers:
             self.worker_processes[partition] = self._spawn(f"worker{partition}", [
                 sys.executable, "-m", "collabalign.cli", "node-worker", str(self.worker_socket(partition))])
