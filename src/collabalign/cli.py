@@ -47,6 +47,8 @@ TRAINERS = {
     "firm": ("collabalign.methods.firm.entry", "FIRMConfig", "train_firm"),
     "fslora": ("collabalign.methods.fslora.entry", "FSLoRAConfig", "train_fslora"),
     "affpcl": ("collabalign.methods.affpcl.entry", "AffPCLConfig", "train_affpcl"),
+    "affpcl-federated": ("collabalign.methods.affpcl.federated_arrays", "FederatedAffPCLConfig",
+                         "train_affpcl_federated"),
 }
 # one line and exit code 2, never a traceback
 USER_ERRORS = (ArtifactError, CheckpointError, ConfigError, DataError, MessageError, ValidationError)

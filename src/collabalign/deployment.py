@@ -56,9 +56,10 @@ def write_app(folder: Path) -> Path:
 
 
 def deploy(config: Path, overrides: list[str], nodes: int, out: Path, progress: bool = True,
-           timeout_s: float = 24 * 3600, node_settings: dict[int, dict[str, Any]] | None = None) -> Path:
+           timeout_s: float = 24 * 3600, node_settings: dict[int, dict[str, Any]] | None = None,
+           isolation: str = "subprocess") -> Path:
     """Runs the job of the deployment config on `nodes` loopback SuperNodes (node I declaring `node_settings[I]` in
-    its node config); returns the run folder's report."""
+    its node config; ClientApps in Flower's `isolation` mode); returns the run folder's report."""
     spec = jobs.read_spec(config, overrides)  # a bad config is one line before any process starts
     clients = list(jobs.build(spec).clients)
     if nodes != len(clients):
@@ -76,7 +77,8 @@ def deploy(config: Path, overrides: list[str], nodes: int, out: Path, progress: 
     root = out / "deployment"
     shutil.rmtree(root, ignore_errors=True)  # certificates, keys and logs of an earlier attempt: made anew
     root.mkdir(parents=True)
-    with LoopbackDeployment(root, env=env, state_dir=out / "node-state", workers=True) as deployment:
+    with LoopbackDeployment(root, env=env, state_dir=out / "node-state", workers=True,
+                            isolation=isolation) as deployment:
         deployment.node_settings = node_settings or {}
         deployment.start(nodes)
         deployment.wait_status(list(range(nodes)), "online")

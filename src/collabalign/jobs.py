@@ -24,6 +24,8 @@ FEDERATED = {
     "firm": ("collabalign.methods.firm.entry", "FIRMConfig", "firm_job", "prompts"),
     "pshare-lora-federated": ("collabalign.methods.pshare_lora.federated_entry", "FederatedPShareLoRAConfig",
                               "pshare_lora_federated_job", "pairs"),
+    "affpcl-federated": ("collabalign.methods.affpcl.federated_arrays", "FederatedAffPCLConfig",
+                         "affpcl_federated_job", "agents"),
 }
 EXAMPLE = "example"  # `data: example`: the shipped example file of the method's format
 # method -> {node config key: the config list it sets at the node's client}: what a SuperNode declares about itself

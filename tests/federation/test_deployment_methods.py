@@ -1,11 +1,12 @@
-"""FSLoRA and FIRM on a real Flower deployment on the loopback (TLS, SuperNode authentication, a node worker and a
-private-state folder per SuperNode, `flwr run .` of the project's app): the saved adapters equal, bit for bit, those of
-the in-process simulator on the same job with the clients trained one after another (the same float32 arithmetic on
-one thread). Each FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's. On the
-same deployment, a ClientApp that poisons node 1's replies (x 1e6) has them dropped by `engine.max_update_norm`. While
-the jobs run, the SuperLink refuses three SuperNodes: one whose key was never registered, one without the CA
-certificate the SuperLink's certificate is signed by, and one that talks plaintext; each gives up after its retries
-and is never listed online. A file apart from test_deployment.py, so the two run side by side under pytest-xdist."""
+"""FSLoRA, FIRM and federated AffPCL (on two agents' arrays) on a real Flower deployment on the loopback (TLS, SuperNode
+authentication, a node worker and a private-state folder per SuperNode, `flwr run .` of the project's app): what they
+save equals, bit for bit, what the in-process simulator saves on the same job with the clients trained one after
+another (the same arithmetic on one thread): adapters, arrays, and the personal models AffPCL's nodes keep. Each
+FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's. On the same deployment,
+a ClientApp that poisons node 1's replies (x 1e6) has them dropped by `engine.max_update_norm`. While the jobs run,
+the SuperLink refuses three SuperNodes: one whose key was never registered, one without the CA certificate the
+SuperLink's certificate is signed by, and one that talks plaintext; each gives up after its retries and is never
+listed online. A file apart from test_deployment.py, so the two run side by side under pytest-xdist."""
 
 import json
 import shutil
@@ -18,6 +19,7 @@ from safetensors.numpy import load_file
 
 from collabalign import jobs
 from collabalign.cli import CONFIG_DIR
+from collabalign.examples import agent_arrays
 from collabalign.federation.deploy import CONNECTION, HOST, LoopbackDeployment, free_port, write_node_key
 
 pytestmark = pytest.mark.flower
@@ -33,19 +35,28 @@ SMALL = {  # each method's deployment config on the tiny Llama, two clients
 }
 
 
-def saved_tensors(folder: Path) -> dict[str, np.ndarray]:
-    return {f"{p.parent.name}/{p.name}/{k}": v for p in sorted(folder.glob("adapters/*/*.safetensors"))
-            for k, v in load_file(str(p)).items()}
+def saved_tensors(*folders: Path) -> dict[str, np.ndarray]:
+    """Every adapter tensor and saved array under `folders` (run folders, nodes' saved results)."""
+    out = {}
+    for folder in folders:
+        for p in sorted(folder.glob("**/adapters/*/*.safetensors")):
+            out |= {f"{p.parent.name}/{p.name}/{k}": v for k, v in load_file(str(p)).items()}
+        for p in sorted(folder.glob("**/arrays.safetensors")):
+            out |= {f"arrays/{k}": v for k, v in load_file(str(p)).items()}
+    return out
 
 
-def test_fslora_and_firm_on_the_deployment_equal_the_simulator(tmp_path):
+def test_every_method_on_the_deployment_equals_the_simulator(tmp_path):
+    np.savez(tmp_path / "agents.npz", **agent_arrays(agents=2))
+    small = {**SMALL, "affpcl-federated": [f"data={tmp_path / 'agents.npz'}", "steps=6", "eval_every=3",
+                                           "engine.min_replies=2"]}
     with LoopbackDeployment(tmp_path, env={"OMP_NUM_THREADS": "1"}, state_dir=tmp_path / "state",
                             workers=True) as deployment:
         deployment.node_settings = DECLARED
         deployment.start(nodes=2)
         deployment.wait_status([0, 1], "online")
         refused = start_refused_nodes(deployment, tmp_path)
-        for method, overrides in SMALL.items():
+        for method, overrides in small.items():
             config = CONFIG_DIR / "deploy" / f"{method}.yaml"
             run = deployment.run(ROOT, {"config": str(config), "overrides": "; ".join(overrides),
                                         "out": str(tmp_path / method)}, name=method)
@@ -54,7 +65,9 @@ def test_fslora_and_firm_on_the_deployment_equal_the_simulator(tmp_path):
             job = jobs.build(jobs.read_spec(config, simulated_as))
             job.options = job.options.model_copy(update={"batched": False})  # one by one, as the nodes
             job.run().save(tmp_path / f"{method}-simulated")
-            deployed, simulated = saved_tensors(tmp_path / method), saved_tensors(tmp_path / f"{method}-simulated")
+            on_nodes = (tmp_path / "state").glob(f"node*/{jobs.job_key(jobs.read_spec(config, overrides))}/*/result")
+            deployed = saved_tensors(tmp_path / method, *on_nodes)
+            simulated = saved_tensors(tmp_path / f"{method}-simulated")
             assert sorted(deployed) == sorted(simulated) and simulated, method
             for key, value in simulated.items():
                 np.testing.assert_array_equal(deployed[key], value, err_msg=f"{method} {key}")

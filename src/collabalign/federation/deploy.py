@@ -28,6 +28,7 @@ import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Literal
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
@@ -133,15 +134,16 @@ class LoopbackDeployment:
     every process is stopped, also when a test fails."""
 
     def __init__(self, root: Path, env: dict[str, str] | None = None, state_dir: Path | None = None,
-                 workers: bool = False):
-        self.root, self.state_dir, self.workers = root, state_dir, workers
+                 workers: bool = False, isolation: Literal["subprocess", "process"] = "subprocess"):
+        self.root, self.state_dir, self.workers, self.isolation = root, state_dir, workers, isolation
         self.env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", **(env or {}),
                     "FLWR_HOME": str(root / "flwr-home")}  # the app runs in this environment, as it is
         self.port = free_port()
         self.ca, self.cert, self.key = write_tls(root / "tls")
         self.link: subprocess.Popen | None = None
         self.nodes: dict[int, subprocess.Popen] = {}
-        self.worker_processes: dict[int, subprocess.Popen] = {}  # partition -> its node worker (`workers`)
+        # partition -> what runs beside its SuperNode: its node worker (`workers`), its SuperExec (process isolation)
+        self.beside: dict[int, list[subprocess.Popen]] = {}
         self.node_settings: dict[int, dict[str, int | float | str]] = {}  # partition -> what its node config declares
         self.socket_dir: Path | None = None  # the node workers' sockets
         self.keys: dict[int, Path] = {}
@@ -205,13 +207,17 @@ class LoopbackDeployment:
         """SuperNode `partition` (registered with the SuperLink the first time; a restart keeps its key, so it
         rejoins as the same node)."""
         self.register([partition])
+        beside, port = self.beside.setdefault(partition, []), free_port()
         if self.workers:
-            self.worker_processes[partition] = self._spawn(f"worker{partition}", [
-                sys.executable, "-m", "collabalign.cli", "node-worker", str(self.worker_socket(partition))])
+            beside.append(self._spawn(f"worker{partition}", [
+                sys.executable, "-m", "collabalign.cli", "node-worker", str(self.worker_socket(partition))]))
         self.nodes[partition] = self._spawn(f"supernode{partition}", [
             "flower-supernode", "--superlink", f"{HOST}:{self.port}", "--root-certificates", str(self.ca),
-            "--auth-supernode-private-key", str(self.keys[partition]), "--port", str(free_port()),
-            "--node-config", self.node_config(partition, partitions)])
+            "--auth-supernode-private-key", str(self.keys[partition]), "--port", str(port), "--isolation",
+            self.isolation, "--node-config", self.node_config(partition, partitions)])
+        if self.isolation == "process":  # the SuperNode's ClientApps are started by a SuperExec of its own
+            beside.append(self._spawn(f"superexec{partition}", [
+                "flower-superexec", "--runtime-api-address", f"{HOST}:{port}", "--insecure"]))
 
     def node_config(self, partition: int, partitions: int) -> str:
         """The SuperNode's node config: its partition and, with a `state_dir`, its own private-state folder."""
@@ -248,8 +254,8 @@ class LoopbackDeployment:
     def kill_node(self, partition: int) -> None:
         """SIGKILL SuperNode `partition` and its node worker, with everything they spawned (a crashed machine)."""
         kill_tree(self.nodes.pop(partition))
-        if partition in self.worker_processes:
-            kill_tree(self.worker_processes.pop(partition))
+        for process in self.beside.pop(partition, []):
+            kill_tree(process)
 
     def restart_node(self, partition: int, partitions: int) -> None:
         """Starts a killed SuperNode again once the SuperLink has marked it offline (it misses heartbeats for up to
@@ -270,8 +276,9 @@ class LoopbackDeployment:
         """Every SuperNode, then the SuperLink, each with everything it spawned."""
         for partition in list(self.nodes):
             kill_tree(self.nodes.pop(partition), signal.SIGTERM)
-        for partition in list(self.worker_processes):
-            kill_tree(self.worker_processes.pop(partition), signal.SIGTERM)
+        for partition in list(self.beside):
+            for process in self.beside.pop(partition):
+                kill_tree(process, signal.SIGTERM)
         if self.link is not None:
             kill_tree(self.link, signal.SIGTERM)
             self.link = None
