@@ -17,6 +17,11 @@ def test_every_shipped_deployment_config_reads_with_its_example_data():
         assert spec.method == path.stem and spec.data.is_file()
 
 
+def test_a_methods_own_method_key_chooses_its_variant():
+    spec = jobs.read_spec(CONFIG_DIR / "deploy" / "fslora.yaml", ["method=heterolora"])
+    assert spec.method == "fslora" and spec.config.method == "heterolora"
+
+
 @pytest.mark.parametrize(("text", "problem"), [
     ("train: sgd\ndata: example\n", "train = 'sgd': must be one of"),
     ("train: fslora\n", "data = None"),
