@@ -5,10 +5,11 @@ bad configs refused with one-line errors."""
 import json
 
 import pytest
+import torch
 from pydantic import ValidationError
 
 from collabalign.cli import CONFIG_DIR, main
-from collabalign.experiments.meta_reward import sentiment
+from collabalign.experiments.meta_reward import sentiment, sentiment_cell
 from collabalign.experiments.meta_reward.sentiment_config import SentimentConfig
 from tests.data.helpers import SHARED
 
@@ -27,9 +28,19 @@ def tiny_run(out, config="quick.yaml", extra=()):
     return main(args), args
 
 
+def diverging_dpo(real):
+    """pair_baselines whose DPO at the shared β = 1 diverged (non-finite weights), as it did on the main config."""
+    def stage(fold):
+        trained = real(fold)
+        trained.policies["dpo@1"] = [torch.full_like(t, float("nan")) for t in trained.policies["dpo@1"]]
+        return trained
+    return stage
+
+
 @needs_data
 def test_every_claim_is_decided_under_both_protocols_and_cells_are_cached(tmp_path, monkeypatch):
     out = tmp_path / "run"
+    monkeypatch.setattr(sentiment_cell, "pair_baselines", diverging_dpo(sentiment_cell.pair_baselines))
     code, args = tiny_run(out)
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
@@ -45,6 +56,11 @@ def test_every_claim_is_decided_under_both_protocols_and_cells_are_cached(tmp_pa
     assert set(metrics["held_out_apl"]) >= {"sft", "ours@1", "ours@4", "ours-matched@1", "bt+rwr@4", "dpo@1",
                                             "hpl", "ppo(tr)@1", "ppo(tr+te)@4", "oracle@1"}
     assert all(0 <= v <= 1 for m in metrics["held_out_apl"].values() for v in m.values())
+    # the diverged policy is judged without sampling, at the floor, and named in the report
+    assert metrics["diverged"] == {"dpo@1": 3} and metrics["held_out_apl"]["dpo@1"] == {"kitchen": 0.0}
+    cell = json.loads(next((out / "meta_reward_cells").glob("kitchen-seed*.json")).read_text())
+    assert all(set(t["scores"]) == {0.0} and t["win"] == 0.0 for t in cell["judge"]["dpo@1"].values())
+    assert "Diverged policies" in (out / "report.md").read_text()
     assert len(list((out / "meta_reward_cells").glob("kitchen-seed*.json"))) == 3
     assert set(metrics["stage_seconds"]) == {"sft", "ours", "reward baselines", "pair baselines", "ppo baselines",
                                              "judge"}

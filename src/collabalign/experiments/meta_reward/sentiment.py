@@ -183,13 +183,17 @@ def part(cfg: SentimentConfig, root: Path | None, seeds: Seeds, run_dir: RunDir,
             for m in methods}
     tuned = {d: {m: [row[j]["tuned"][m] for row in cells.values()] for m in BETA_METHODS}
              for j, d in enumerate(cfg.held_out)}
+    diverged = {}  # policy -> how many cells it diverged in
+    for c in (c for row in cells.values() for c in row):
+        for k in c.get("diverged", []):
+            diverged[k] = diverged.get(k, 0) + 1
     cell_seconds = [c["seconds"] for row in cells.values() for c in row]
     timed = [c["stage_seconds"] for row in cells.values() for c in row if "stage_seconds" in c]
     stages = {k: float(np.mean([t[k] for t in timed])) for k in timed[0]} if timed else {}
     metrics = {"sentiment": {"held_out_apl": held, "tuned_choices": tuned, "lr": setup.lr, "lr_scores":
                              setup.lr_scores, "data": setup.counts,
                              "judges": {d: j.describe() for d, j in setup.judges.items()},
-                             "cell_seconds": cell_seconds, "stage_seconds": stages,
+                             "cell_seconds": cell_seconds, "stage_seconds": stages, "diverged": diverged,
                              "seconds": time.perf_counter() - start}}
     judge_acc = ", ".join(f"{d} {j.accuracy:.3f} on {j.n_test} windows, {j.pair_accuracy:.3f} of the pairs"
                           for d, j in setup.judges.items())
@@ -201,6 +205,10 @@ def part(cfg: SentimentConfig, root: Path | None, seeds: Seeds, run_dir: RunDir,
              f"Chance A_PL is {CHANCE}. Cells took {np.mean(cell_seconds):.0f} s on average "
              f"({sum(cell_seconds) / 60:.1f} min in all, cached ones at their first run's time)"
              + (f"; per stage {', '.join(f'{k} {v:.0f} s' for k, v in stages.items())}." if stages else ".")]
+    if diverged:
+        notes.append(f"**Diverged policies** (non-finite weights; scored A_PL 0, judge 0, no wins: against their "
+                     f"method) in {sum(len(row) for row in cells.values())} cells: "
+                     + ", ".join(f"{k} in {n}" for k, n in sorted(diverged.items())) + ".")
     if failed := [c for c in decided[:len(GATES)] if not claims.confirmed(c)]:
         named = "; ".join(f"\"{c['name']}\" is {c['verdict']}" for c in failed)
         notes.append(f"**Learning not shown:** {named}. The orderings below rank methods on a task this run did not "

@@ -207,8 +207,13 @@ def tuned(cfg: SentimentConfig, validation: dict[str, float]) -> dict[str, str]:
 @torch.no_grad()
 def judge_policy(fold: Fold, theta: list[Tensor]) -> dict[str, Any]:
     """Judge P(positive) of the policy's generations for the held-out prompts at every temperature (common random
-    numbers across methods), and the win rate against each prompt's preferred reference response."""
+    numbers across methods), and the win rate against each prompt's preferred reference response. A diverged policy
+    (a non-finite weight: it cannot sample) scores the judge's floor, 0, and wins nothing: a failure counts against
+    its method, never for it."""
     cfg, head, texts = fold.cfg, fold.task.head, fold.setup.texts
+    if not finite(theta):
+        n = cfg.eval_prompts * cfg.repetitions
+        return {f"{t:g}": {"scores": [0.0] * n, "win": 0.0} for t in cfg.temperatures}
     by_prompt: dict[str, int] = {}
     for row in fold.target.pairs.chosen.tolist():
         by_prompt.setdefault(texts[row][0], row)
@@ -240,15 +245,22 @@ def run_cell(setup: Setup, held_out: str, seed: int, progress: bool) -> dict[str
     trained.add(clock("reward baselines", reward_baselines, fold, bt_table))
     trained.add(clock("pair baselines", pair_baselines, fold))
     trained.add(clock("ppo baselines", ppo_baselines, fold, bt_head))
-    apl = {k: preference_accuracy(fold.task, theta, fold.target.pairs) for k, theta in trained.policies.items()}
+    diverged = sorted(k for k, theta in trained.policies.items() if not finite(theta))
+    apl = {k: 0.0 if k in diverged else preference_accuracy(fold.task, theta, fold.target.pairs)
+           for k, theta in trained.policies.items()}  # a diverged policy ranks no pair right
     choices = tuned(cfg, trained.validation)
     evaluated = {"sft", "hpl", *(key(m, cfg.beta) for m in BETA_METHODS), *choices.values()}
     judge = clock("judge", lambda: {k: judge_policy(fold, trained.policies[k]) for k in sorted(evaluated)})
     setup.task.head.load(theta0)
     return {"held_out": held_out, "seed": seed, "apl": apl, "validation": trained.validation, "tuned": choices,
-            "judge": judge, "judge_accuracy": fold.judge.accuracy, "log": trained.log,
+            "judge": judge, "judge_accuracy": fold.judge.accuracy, "log": trained.log, "diverged": diverged,
             "pairs": {"held_out": len(fold.target.pairs), "train": len(fold.train_pairs)},
             "stage_seconds": clock.seconds}
+
+
+def finite(theta: list[Tensor]) -> bool:
+    """Whether every weight of a policy is finite (else it diverged)."""
+    return all(bool(torch.isfinite(t).all()) for t in theta)
 
 
 class Stopwatch:
