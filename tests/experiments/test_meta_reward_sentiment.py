@@ -60,7 +60,8 @@ def test_every_claim_is_decided_under_both_protocols_and_cells_are_cached(tmp_pa
     assert metrics["diverged"] == {"dpo@1": 3} and metrics["held_out_apl"]["dpo@1"] == {"kitchen": 0.0}
     cell = json.loads(next((out / "meta_reward_cells").glob("kitchen-seed*.json")).read_text())
     assert all(set(t["scores"]) == {0.0} and t["win"] == 0.0 for t in cell["judge"]["dpo@1"].values())
-    assert "Diverged policies" in (out / "report.md").read_text()
+    report = (out / "report.md").read_text()
+    assert "Diverged policies" in report and "| ours@1 |" in report and "| oracle@1 |" in report  # samples shown
     assert len(list((out / "meta_reward_cells").glob("kitchen-seed*.json"))) == 3
     assert set(metrics["stage_seconds"]) == {"sft", "ours", "reward baselines", "pair baselines", "ppo baselines",
                                              "judge"}

@@ -170,6 +170,19 @@ def sweep(cfg: SentimentConfig, cells: dict) -> dict:
                                                         for i, b in enumerate(grid)})
 
 
+def samples_table(cfg: SentimentConfig, cell: dict) -> str:
+    """Markdown: the first cell's kept generations (lowest temperature) of SFT, ours and the oracle at the shared β,
+    with the judge's P(positive)."""
+    temp, rows = f"{min(cfg.temperatures):g}", []
+    for key in ("sft", f"ours@{cfg.beta:g}", f"oracle@{cfg.beta:g}"):
+        for s in cell["judge"].get(key, {}).get(temp, {}).get("samples", []):
+            text = f"{s['prompt']} {s['response']}".replace("|", "/").replace("\n", " ")
+            rows.append(f"| {key} | {text} | {s['judge']:.2f} |")
+    head = (f"Generations (held-out domain {cell['held_out']}, seed {cell['seed']}, T = {temp}; prompt, then the "
+            "policy's words) and the judge's P(positive):\n\n| policy | text | judge |\n|---|---|---|\n")
+    return head + "\n".join(rows) if rows else "No generations were kept (a cell computed before they were)."
+
+
 def part(cfg: SentimentConfig, root: Path | None, seeds: Seeds, run_dir: RunDir, progress: bool) -> Part:
     """Every (held-out domain, seed) cell (cached in run_dir/meta_reward_cells), then both protocols' claims."""
     start = time.perf_counter()
@@ -209,6 +222,7 @@ def part(cfg: SentimentConfig, root: Path | None, seeds: Seeds, run_dir: RunDir,
         notes.append(f"**Diverged policies** (non-finite weights; scored A_PL 0, judge 0, no wins: against their "
                      f"method) in {sum(len(row) for row in cells.values())} cells: "
                      + ", ".join(f"{k} in {n}" for k, n in sorted(diverged.items())) + ".")
+    notes.append(samples_table(cfg, cells[0][0]))
     if failed := [c for c in decided[:len(GATES)] if not claims.confirmed(c)]:
         named = "; ".join(f"\"{c['name']}\" is {c['verdict']}" for c in failed)
         notes.append(f"**Learning not shown:** {named}. The orderings below rank methods on a task this run did not "

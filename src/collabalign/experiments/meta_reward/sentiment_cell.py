@@ -204,6 +204,9 @@ def tuned(cfg: SentimentConfig, validation: dict[str, float]) -> dict[str, str]:
     return out
 
 
+SAMPLES = 3  # generations per policy kept in its cell (lowest temperature, first held-out prompts) for the report
+
+
 @torch.no_grad()
 def judge_policy(fold: Fold, theta: list[Tensor]) -> dict[str, Any]:
     """Judge P(positive) of the policy's generations for the held-out prompts at every temperature (common random
@@ -230,6 +233,10 @@ def judge_policy(fold: Fold, theta: list[Tensor]) -> dict[str, Any]:
     for i, temp in enumerate(cfg.temperatures):
         s = scores[i * per_temp:(i + 1) * per_temp]
         out[f"{temp:g}"] = {"scores": s.tolist(), "win": float(np.mean(s > np.tile(reference, cfg.repetitions)))}
+    low = int(np.argmin(cfg.temperatures))  # what the report shows: the first prompts' generations at the lowest T
+    out[f"{cfg.temperatures[low]:g}"]["samples"] = [
+        {"prompt": picked[k], "response": rollout.responses[low * per_temp + k],
+         "judge": round(float(scores[low * per_temp + k]), 3)} for k in range(min(SAMPLES, len(picked)))]
     return out
 
 
