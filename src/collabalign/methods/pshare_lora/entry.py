@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -30,8 +30,9 @@ from collabalign.methods.pshare_lora.text import (
     fit_model,
     prefs_from_pairs,
 )
-from collabalign.methods.pshare_lora.train import METHODS
+from collabalign.methods.pshare_lora.train import METHODS, Prefs
 from collabalign.models.backbones import Backbone
+from collabalign.models.cached import TextCache
 from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
 from collabalign.seeding import Seeds
 
@@ -73,15 +74,7 @@ def train_pshare_lora(config: PShareLoRAConfig, data: str | Path | PreferenceSet
                       model: Backbone | str | None = None, progress: bool = False) -> Result:
     """Trains every user's reward model; held-out accuracy overall (the mean over users) and per user (by name) are in
     `result.metrics` (when `test_fraction` > 0), user u's model in `result.adapters[f"user-{u}"]`."""
-    pairs, data_hash = pairs_and_hash(data, require=("user",))
-    names = sorted({p.party for p in pairs})
-    index = {name: i for i, name in enumerate(names)}
-    users = [index[p.party] for p in pairs]
-    train_rows, test_rows = split_per_user(users, config.test_fraction, Seeds(config.seed).numpy("pshare-lora-split"),
-                                           names)
-    backbone, base = own_backbone(model, config.model)
-    texts, prefs = prefs_from_pairs(pairs.pairs, users)
-    cache = encode(backbone, texts, config.max_length, config.lora.blocks or 10**6)
+    names, data_hash, prefs, train_rows, test_rows, backbone, base, cache = user_pairs(config, data, model)
     tc = config.training(default_targets(backbone.model, config.lora.targets))
     if progress:
         print(f"pshare-lora: {config.method} on {len(names)} users, {len(train_rows)} training pairs",
@@ -99,6 +92,23 @@ def train_pshare_lora(config: PShareLoRAConfig, data: str | Path | PreferenceSet
                 for i, name in enumerate(names)}
     return Result("pshare-lora", "reward", base, config.model_dump(), data_hash, metrics, adapters,
                   max_length=config.max_length, model=reward)
+
+
+def user_pairs(config: PShareLoRAConfig | Any, data: str | Path | PreferenceSet, model: Backbone | str | None
+               ) -> tuple[list[str], str, Prefs, torch.Tensor, torch.Tensor, Backbone, str, TextCache]:
+    """A pairs file with users, encoded for the text reward models (`config`: its model, test_fraction, seed,
+    max_length and lora.blocks): (user names, data hash, Prefs over every pair with users as indices into the names,
+    training rows, held-out rows (`split_per_user`), backbone, base model name, the cached texts)."""
+    pairs, data_hash = pairs_and_hash(data, require=("user",))
+    names = sorted({p.party for p in pairs})
+    index = {name: i for i, name in enumerate(names)}
+    users = [index[p.party] for p in pairs]
+    train_rows, test_rows = split_per_user(users, config.test_fraction, Seeds(config.seed).numpy("pshare-lora-split"),
+                                           names)
+    backbone, base = own_backbone(model, config.model)
+    texts, prefs = prefs_from_pairs(pairs.pairs, users)
+    cache = encode(backbone, texts, config.max_length, config.lora.blocks or 10**6)
+    return names, data_hash, prefs, train_rows, test_rows, backbone, base, cache
 
 
 def split_per_user(users: list[int], test_fraction: float, rng: np.random.Generator,

@@ -23,19 +23,18 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_va
 
 from collabalign.artifacts import Result
 from collabalign.config import LoRASection, Probability, Strict
-from collabalign.data.formats import pairs_and_hash
 from collabalign.data.preferences import PreferenceSet
 from collabalign.federation.aggregation import Aggregation
 from collabalign.federation.engine import EngineOptions, SimulationResult
 from collabalign.federation.job import FederatedJob
 from collabalign.federation.protocol import ClientContext
 from collabalign.lora.targets import default_targets
-from collabalign.methods.pshare_lora.entry import split_per_user
+from collabalign.methods.pshare_lora.entry import user_pairs
 from collabalign.methods.pshare_lora.federated import FederatedPShareLoRA, LocalLoRA, PersonalLoRA, personal_bytes
 from collabalign.methods.pshare_lora.local_trainer import LocalSteps, RoutedLoRA
-from collabalign.methods.pshare_lora.text import TextRewardModel, encode, prefs_from_pairs
+from collabalign.methods.pshare_lora.text import TextRewardModel
 from collabalign.models.backbones import Backbone
-from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
+from collabalign.models.saved import base_prefix, pooled_adapter
 from collabalign.seeding import Seeds
 
 
@@ -77,15 +76,7 @@ def train_pshare_lora_federated(config: FederatedPShareLoRAConfig, data: str | P
 def pshare_lora_federated_job(config: FederatedPShareLoRAConfig, data: str | Path | PreferenceSet,
                               model: Backbone | str | None = None) -> FederatedJob:
     """The run `train_pshare_lora_federated` simulates, for any engine. Client `user<k>` is the k-th user by name."""
-    pairs, data_hash = pairs_and_hash(data, require=("user",))
-    names = sorted({p.party for p in pairs})
-    index = {name: i for i, name in enumerate(names)}
-    users = [index[p.party] for p in pairs]
-    train_rows, test_rows = split_per_user(users, config.test_fraction, Seeds(config.seed).numpy("pshare-lora-split"),
-                                           names)
-    backbone, base = own_backbone(model, config.model)
-    texts, prefs = prefs_from_pairs(pairs.pairs, users)
-    cache = encode(backbone, texts, config.max_length, config.lora.blocks or 10**6)
+    names, data_hash, prefs, train_rows, test_rows, backbone, base, cache = user_pairs(config, data, model)
     train, test = prefs[train_rows], prefs[test_rows if len(test_rows) else train_rows]
     clients = {f"user{u:03d}": {"user": u, "name": name, "train": train[train.users == u],
                                 "test": test[test.users == u]} for u, name in enumerate(names)}
