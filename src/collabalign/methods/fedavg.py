@@ -12,6 +12,7 @@ from collabalign.comm import Message, Params
 from collabalign.federation.aggregation import Aggregation, combine
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext, evaluate_per_client
+from collabalign.federation.server_opt import ServerOptimizer, initial_moments, server_step
 from collabalign.seeding import Seeds
 
 
@@ -70,6 +71,47 @@ class FedAvg:
 
     def evaluate(self, state: Params, clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
         return self.trainer.evaluate(state)
+
+    def params(self, state: Params) -> Params:
+        """The global parameters a server state holds."""
+        return state
+
+
+class FedOpt(FedAvg):
+    """FedAvg with a server optimiser (`federation.server_opt`: FedAvgM, FedAdagrad, FedAdam, FedYogi, or FedAvg at a
+    server step size): the clients' parameters combined as FedAvg combines them, then the server's step from there.
+    Server state: {"params": the global parameters, "moments": the rule's moments}, which never leave the server."""
+
+    def __init__(self, trainer: LocalTrainer, aggregation: Aggregation | None = None,
+                 server: ServerOptimizer | None = None):
+        super().__init__(trainer, aggregation)
+        self.server = server or ServerOptimizer()
+
+    def init(self, seeds: Seeds) -> dict[str, Any]:
+        params = self.trainer.initial_params(seeds)
+        return {"params": params, "moments": initial_moments(self.server, params)}
+
+    def configure(self, state: dict[str, Any], round_: int, client_ids: list[str]) -> dict[str, Message]:
+        return super().configure(state["params"], round_, client_ids)
+
+    def aggregate(self, state: dict[str, Any], replies: dict[str, Message], round_: int) -> dict[str, Any]:
+        combined = super().aggregate(state["params"], replies, round_)
+        params, moments = server_step(self.server, state["params"], combined, state["moments"])
+        return {"params": params, "moments": moments}
+
+    def evaluate(self, state: dict[str, Any], clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
+        return self.trainer.evaluate(state["params"])
+
+    def params(self, state: dict[str, Any]) -> Params:
+        return state["params"]
+
+
+def fedavg(trainer: LocalTrainer, aggregation: Aggregation | None = None,
+           server: ServerOptimizer | None = None) -> FedAvg:
+    """FedAvg, or `FedOpt` when the server optimiser does more than take the combined parameters."""
+    if server is None or server.plain:
+        return FedAvg(trainer, aggregation)
+    return FedOpt(trainer, aggregation, server)
 
 
 class LocalOnly:

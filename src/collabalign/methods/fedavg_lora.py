@@ -21,8 +21,9 @@ from collabalign.data.preferences import PreferenceSet
 from collabalign.federation.aggregation import Aggregation
 from collabalign.federation.engine import EngineOptions, SimulationResult
 from collabalign.federation.job import FederatedJob
+from collabalign.federation.server_opt import ServerOptimizer
 from collabalign.lora.targets import default_targets
-from collabalign.methods.fedavg import FedAvg
+from collabalign.methods.fedavg import fedavg
 from collabalign.methods.reward_trainer import RewardTrainer, encode_pairs
 from collabalign.models.backbones import Backbone
 from collabalign.models.cached import lora_top_blocks
@@ -45,6 +46,7 @@ class FedAvgLoRAConfig(Strict):
     test_fraction: float = Field(0.2, ge=0, lt=1)  # pairs held out for the reported accuracy
     seed: NonNegativeInt = 0
     aggregation: Aggregation = Aggregation()
+    server_optimizer: ServerOptimizer = ServerOptimizer()  # FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi
     engine: EngineOptions = EngineOptions()
 
 
@@ -77,8 +79,10 @@ def fedavg_lora_job(config: FedAvgLoRAConfig, data: str | Path | PreferenceSet,
                             batch_size=config.batch_size)
     clients = {f"client{i}": encoded[train_rows[p]] for i, p in enumerate(parts)}
 
+    algorithm = fedavg(trainer, config.aggregation, config.server_optimizer)
+
     def finish(sim: SimulationResult) -> Result:
-        trainer.load(sim.state)
+        trainer.load(algorithm.params(sim.state))
         metrics = {"rounds": sim.metrics, "clients": len(clients), "train_pairs": len(train_rows),
                    "test_pairs": n_test, "bytes": sim.ledger.total()}
         if n_test:
@@ -87,5 +91,4 @@ def fedavg_lora_job(config: FedAvgLoRAConfig, data: str | Path | PreferenceSet,
         return Result("fedavg-lora", "reward", name, config.model_dump(), data_hash, metrics, {"global": adapter},
                       max_length=config.max_length, model=reward)
 
-    return FederatedJob("fedavg-lora", FedAvg(trainer, config.aggregation), clients, config.rounds, config.seed,
-                        config.engine, finish)
+    return FederatedJob("fedavg-lora", algorithm, clients, config.rounds, config.seed, config.engine, finish)
