@@ -84,3 +84,9 @@ def test_valid_messages_round_trip_exactly():
     back = Message.deserialise(VALID)
     assert back.serialise() == VALID and set(back) == {"B", "idx"} and back.meta == {"round": 1}
     assert Message.deserialise(_wire({"__metadata__": None})).meta == {}  # a plain safetensors file: no metadata
+
+
+def test_a_scalar_array_keeps_its_shape_on_the_wire():
+    """A 0-d array (e.g. a client's KL coefficient in its private state) comes back 0-d, so float() of it works."""
+    back = Message.deserialise(Message({"kl_coef": np.array(0.2), "w": np.ones((2, 3)).T}).serialise())
+    assert back["kl_coef"].shape == () and float(back["kl_coef"]) == 0.2 and back["w"].shape == (3, 2)

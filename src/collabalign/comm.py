@@ -30,7 +30,7 @@ class Message(Mapping[str, np.ndarray]):
     """An ordered, immutable mapping name -> numpy array plus a JSON-able metadata dict."""
 
     def __init__(self, arrays: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None):
-        self._arrays = {k: np.ascontiguousarray(np.asarray(v)) for k, v in (arrays or {}).items()}
+        self._arrays = {k: _contiguous(v) for k, v in (arrays or {}).items()}
         self.meta = dict(meta or {})
         self._wire: bytes | None = None
 
@@ -83,6 +83,12 @@ class Message(Mapping[str, np.ndarray]):
         if not isinstance(meta, dict):
             raise MessageError(f"metadata must be a JSON object, got {type(meta).__name__}")
         return cls({name: arrays[name] for name in sorted(arrays)}, meta)
+
+
+def _contiguous(value: Any) -> np.ndarray:
+    """`value` as a C-contiguous array of the same shape (np.ascontiguousarray would make a scalar 1-d)."""
+    array = np.asarray(value)
+    return array if array.flags.c_contiguous else np.ascontiguousarray(array)
 
 
 def _one_line(err: Exception) -> str:
