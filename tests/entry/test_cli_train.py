@@ -16,9 +16,11 @@ TINY = {
     "firm": ["model=tiny-llama", "rounds=1", "clients=2", "batch_size=2", "max_new_tokens=2", "rewards=[brevity]"],
     "fslora": ["model=tiny-llama", "rounds=1", "ranks=[2,4]"],
     "affpcl": ["steps=50"],
+    "pshare-lora-federated": ["model=tiny-llama", "rounds=1", "lora.blocks=1", "max_length=32"],
+    "affpcl-federated": ["steps=20"],
 }
 DATA = {"fedavg-lora": "pairs", "pshare-lora": "pairs", "meta-reward": "pairs", "firm": "prompts",
-        "fslora": "labelled", "affpcl": "agents"}
+        "fslora": "labelled", "affpcl": "agents", "pshare-lora-federated": "pairs", "affpcl-federated": "agents"}
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,8 @@
 """A real Flower deployment on the loopback: a SuperLink with TLS and SuperNode authentication, three SuperNodes that
 each hold only their own partition, and `flwr run .` of the project's app (deploy/fedavg-lora on a tiny model). One
-SuperNode is killed (SIGKILL) mid-run: the rounds go on with the other two, the metrics name it, and once restarted it
-rejoins and answers. The final adapters equal the in-process simulator's for the same seed, data and dropped rounds."""
+SuperNode is killed (SIGKILL) mid-run: the rounds go on with the other two and the metrics name it. The final adapters
+equal the in-process simulator's for the same seed, data and dropped rounds. (A killed SuperNode restarted with its
+private state: test_deployment_pshare.py.)"""
 
 import json
 import shutil
@@ -22,7 +23,7 @@ if shutil.which("flower-superlink") is None:
     pytest.skip("flower-superlink is not on PATH (activate the project's virtual environment)", allow_module_level=True)
 
 ROOT = Path(__file__).resolve().parents[2]
-TINY = ["model=tiny-llama", "rounds=5", "seed=3", "max_length=32", "engine.min_replies=2", "engine.timeout_s=30"]
+TINY = ["model=tiny-llama", "rounds=3", "seed=3", "max_length=32", "engine.min_replies=2", "engine.timeout_s=10"]
 RUN_CONFIG = {"config": "", "overrides": "; ".join(TINY)}  # "": the shipped deploy/fedavg-lora.yaml
 KILLED = 2  # partition (and client index) of the SuperNode that is killed once round 0 (the evaluation) is recorded
 
@@ -46,9 +47,9 @@ def records(out: Path) -> list[dict]:
 
 
 def run_with_a_crash(deployment: LoopbackDeployment, out: Path, deadline_s: float = 400) -> list[dict]:
-    """`flwr run .`; SuperNode KILLED is killed once round 0 is recorded and restarted once it is dropped."""
+    """`flwr run .`; SuperNode KILLED is killed once round 0 is recorded."""
     run = deployment.run(ROOT, {**RUN_CONFIG, "out": str(out)})
-    killed = restarted = False
+    killed = False
     deadline = time.monotonic() + deadline_s
     while run.poll() is None:
         assert time.monotonic() < deadline, "the run did not finish in time:\n" + deployment.log("run")
@@ -56,11 +57,8 @@ def run_with_a_crash(deployment: LoopbackDeployment, out: Path, deadline_s: floa
         if not killed and rounds:
             deployment.kill_node(KILLED)
             killed = True
-        if killed and not restarted and any(r.get("dropped") for r in rounds):
-            deployment.restart_node(KILLED, 3)
-            restarted = True
         time.sleep(0.2)
-    assert run.returncode == 0 and restarted, deployment.log("run")
+    assert run.returncode == 0 and killed, deployment.log("run")
     assert (out / "manifest.json").exists(), deployment.log("run") + deployment.log("superlink")
     return records(out)
 
@@ -72,11 +70,10 @@ def test_deployment_with_tls_node_auth_and_a_crashed_node_equals_the_simulator(t
         deployment.wait_status([0, 1, 2], "online")
         metrics = run_with_a_crash(deployment, tmp_path / "out")
 
-    assert [r["round"] for r in metrics] == list(range(6))
+    assert [r["round"] for r in metrics] == list(range(4))
     drops = {(key.split("@")[0], int(key.split("@")[1])) for r in metrics for key in r.get("dropped_clients", {})}
-    assert ("client2", 1) in drops  # killed after round 0: gone in round 1, named in that round's record
+    assert {("client2", r) for r in (1, 2, 3)} <= drops  # killed after round 0: gone from round 1, named each round
     assert all(rnd > 0 for _, rnd in drops)  # nobody was dropped before the crash
-    assert "dropped" not in metrics[-1]  # restarted, it rejoined and answered (fraction 1: every node, every round)
 
     # In process, the same job with the same clients failing in the same rounds: identical arithmetic (same ops, one
     # thread, the float32 parameters and the rng state cross the wire exactly), so the adapters and metrics are equal

@@ -48,7 +48,7 @@ def saved_tensors(*folders: Path) -> dict[str, np.ndarray]:
 
 def test_every_method_on_the_deployment_equals_the_simulator(tmp_path):
     np.savez(tmp_path / "agents.npz", **agent_arrays(agents=2))
-    small = {**SMALL, "affpcl-federated": [f"data={tmp_path / 'agents.npz'}", "steps=6", "eval_every=3",
+    small = {**SMALL, "affpcl-federated": [f"data={tmp_path / 'agents.npz'}", "steps=2", "eval_every=2",
                                            "engine.min_replies=2"]}
     with LoopbackDeployment(tmp_path, env={"OMP_NUM_THREADS": "1"}, state_dir=tmp_path / "state",
                             workers=True) as deployment:
