@@ -44,7 +44,6 @@ def test_a_killed_node_and_a_stopped_server_resume_to_the_simulators_personal_mo
     state, env = tmp_path / "state", {"OMP_NUM_THREADS": "1"}
     with LoopbackDeployment(tmp_path / "first", env=env, state_dir=state, workers=True) as deployment:
         deployment.start(nodes=3)
-        deployment.wait_status([0, 1, 2], "online")
         run = deployment.run(ROOT, run_config)
         deadline = time.monotonic() + 300
         while STOP_AFTER not in recorded_rounds(tmp_path / "out"):
@@ -56,7 +55,6 @@ def test_a_killed_node_and_a_stopped_server_resume_to_the_simulators_personal_mo
 
     with LoopbackDeployment(tmp_path / "second", env=env, state_dir=state, workers=True) as deployment:
         deployment.start(nodes=3)
-        deployment.wait_status([0, 1, 2], "online")
         run = deployment.run(ROOT, run_config)
         assert run.wait(timeout=600) == 0, deployment.log("run")
     assert recorded_rounds(tmp_path / "out") == [0, 1, 2, 3]  # each round once: continued, not started over
