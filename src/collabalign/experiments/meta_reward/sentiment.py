@@ -9,6 +9,7 @@ every domain" claims."""
 from __future__ import annotations
 
 import time
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -196,10 +197,7 @@ def part(cfg: SentimentConfig, root: Path | None, seeds: Seeds, run_dir: RunDir,
             for m in methods}
     tuned = {d: {m: [row[j]["tuned"][m] for row in cells.values()] for m in BETA_METHODS}
              for j, d in enumerate(cfg.held_out)}
-    diverged = {}  # policy -> how many cells it diverged in
-    for c in (c for row in cells.values() for c in row):
-        for k in c.get("diverged", []):
-            diverged[k] = diverged.get(k, 0) + 1
+    diverged = dict(Counter(k for row in cells.values() for c in row for k in c.get("diverged", [])))  # -> cells
     cell_seconds = [c["seconds"] for row in cells.values() for c in row]
     timed = [c["stage_seconds"] for row in cells.values() for c in row if "stage_seconds" in c]
     stages = {k: float(np.mean([t[k] for t in timed])) for k in timed[0]} if timed else {}
