@@ -2,9 +2,10 @@
 `-n 2 --dist loadfile --no-loadscope-reorder`, which keeps this order) they start at once instead of holding
 the run open at its end."""
 
-SLOW_FIRST = ("federation/test_deployment.py", "experiments/test_fslora_glue.py", "test_fuzz_cli.py",
-              "methods/pshare_lora/test_federated.py", "experiments/pshare_lora/test_run.py",
-              "models/test_text_reward.py", "federation/test_flower.py")
+SLOW_FIRST = ("federation/test_deployment_methods.py", "federation/test_deployment_pshare.py",
+              "experiments/test_fslora_glue.py", "federation/test_deployment.py", "models/test_text_reward.py",
+              "federation/test_flower.py", "experiments/pshare_lora/test_run.py", "test_fuzz_cli.py",
+              "methods/pshare_lora/test_federated.py", "test_demo.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -2,9 +2,8 @@
 authentication, a node worker and a private-state folder per SuperNode, `flwr run .` of the project's app): what they
 save equals, bit for bit, what the in-process simulator saves on the same job with the clients trained one after
 another (the same arithmetic on one thread): adapters, arrays, and the personal models AffPCL's nodes keep. Each
-FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's. On the same deployment,
-a ClientApp that poisons node 1's replies (x 1e6) has them dropped by `engine.max_update_norm`. While the jobs run,
-the SuperLink refuses three SuperNodes: one whose key was never registered, one without the CA certificate the
+FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's. While the jobs run, the
+SuperLink refuses three SuperNodes: one whose key was never registered, one without the CA certificate the
 SuperLink's certificate is signed by, and one that talks plaintext; each gives up after its retries and is never
 listed online. A file apart from test_deployment.py, so the two run side by side under pytest-xdist."""
 
@@ -73,17 +72,7 @@ def test_every_method_on_the_deployment_equals_the_simulator(tmp_path):
                 np.testing.assert_array_equal(deployed[key], value, err_msg=f"{method} {key}")
         assert json.loads((tmp_path / "fslora" / "manifest.json").read_text())["metrics"]["ranks"] == [4, 2]
 
-        poisoned = ["engine.max_update_norm=1000", "engine.outlier_factor=null", "engine.min_replies=1"]
-        run = deployment.run(poison_app(tmp_path / "poison-app"), {
-            "config": str(CONFIG_DIR / "deploy" / "fslora.yaml"), "overrides": "; ".join(SMALL["fslora"] + poisoned),
-            "out": str(tmp_path / "poisoned")}, name="poisoned")
-        assert run.wait(timeout=600) == 0, deployment.log("poisoned")
         assert_refused(deployment, refused, tmp_path)
-    records = [json.loads(line) for line in (tmp_path / "poisoned" / "metrics.jsonl").read_text().splitlines()]
-    for record in records[1:]:  # every round: node 1's reply rejected for its norm, node 0's aggregated
-        reasons = record["dropped_clients"]
-        assert list(reasons) == [f"device1@{record['round']}"], reasons
-        assert "rejected" in reasons[f"device1@{record['round']}"] and "norm" in reasons[f"device1@{record['round']}"]
 
 
 def start_refused_nodes(deployment: LoopbackDeployment, tmp_path: Path) -> dict:
@@ -118,31 +107,3 @@ def assert_refused(deployment: LoopbackDeployment, processes: dict, tmp_path: Pa
     assert "Connection attempt failed" in logs["plaintext"] and "Failed to activate" not in logs["plaintext"]
     nodes = deployment.flwr("supernode", "ls", "loopback", "--format", "json")
     assert nodes.count('"online"') == 2  # only the registered nodes with the CA and TLS
-
-
-POISON = """from collabalign import app
-from collabalign.comm import Message
-from collabalign.federation import flower_client
-
-
-def handle(kind, context, round_, payload):
-    reply = app.handle(kind, context, round_, payload)
-    if kind == "train" and int(context.node_config["partition-id"]) == 1:
-        message = Message.deserialise(reply)
-        reply = Message({k: v * 1e6 for k, v in message.items()}, message.meta).serialise()
-    return reply
-
-
-client_app = flower_client.client_app(handle)
-"""
-
-
-def poison_app(folder: Path) -> Path:
-    """The project's app with a ClientApp that scales node 1's training replies by 1e6 (a poisoned node)."""
-    from collabalign.deployment import APP_TOML
-
-    folder.mkdir(parents=True)
-    (folder / "pyproject.toml").write_text(APP_TOML.replace('clientapp = "collabalign.app:client_app"',
-                                                            'clientapp = "poison:client_app"'))
-    (folder / "poison.py").write_text(POISON)
-    return folder
