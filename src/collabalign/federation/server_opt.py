@@ -10,8 +10,18 @@ Federated Optimization", Algorithm 2; FedAvgM: Hsu et al. 2019). With x_t the se
                 and for the three adaptive rules    x_{t+1} = x_t + η m_t / (√v_t + τ)
 
 with m_{-1} = v_{-1} = 0 for FedAvgM, m_{-1} = 0 and v_{-1} = τ² for the adaptive rules (the paper asks v_{-1} ≥ τ²),
-no bias correction (as the paper). Moments are float64; parameters keep their dtype. FedProx and SCAFFOLD change what
-the clients compute as well and live with the algorithms (`methods/fedavg.py`).
+no bias correction (as the paper). Moments are float64; parameters keep their dtype.
+
+Two rules change what the clients compute, and step on the server as `fedavg` (η = `lr`):
+
+    fedprox     each local step's gradient gets μ (w - x_t), the gradient of (μ/2) ||w - x_t||² (Li et al. 2020)
+    scaffold    each local step's gradient gets c - c_i (the server's and the client's control variates); after K
+                local steps at lr η_l the client sets c_i⁺ = c_i - c + (x_t - y_i) / (K η_l) and sends Δc_i = c_i⁺ - c_i
+                beside y_i; the server sets c ← c + (1/N) Σ Δc_i over the N clients (Karimireddy et al. 2020,
+                Algorithm 1, option II; c = c_i = 0 at the start)
+
+(`methods/fedavg.py` runs them: `FedOpt`, `methods/drift.py`'s gradient correction.) SCAFFOLD's option II estimates the
+mean gradient exactly for local SGD; under a local Adam it is the same formula, a heuristic there.
 """
 
 from __future__ import annotations
@@ -24,8 +34,9 @@ from pydantic import Field, PositiveFloat
 from collabalign.comm import Params
 from collabalign.config import Strict
 
-Rule = Literal["fedavg", "fedavgm", "fedadagrad", "fedadam", "fedyogi"]
+Rule = Literal["fedavg", "fedavgm", "fedprox", "scaffold", "fedadagrad", "fedadam", "fedyogi"]
 ADAPTIVE = ("fedadagrad", "fedadam", "fedyogi")
+CORRECTED = ("fedprox", "scaffold")  # the rules whose clients correct their local gradients
 
 
 class ServerOptimizer(Strict):
@@ -36,6 +47,7 @@ class ServerOptimizer(Strict):
     beta1: float = Field(0.9, ge=0, lt=1)  # FedAvgM's momentum β; the adaptive rules' first-moment decay
     beta2: float = Field(0.99, ge=0, lt=1)  # fedadam / fedyogi: the second-moment decay
     tau: PositiveFloat = 1e-3  # the adaptive rules' degree of adaptivity (added to √v)
+    mu: float = Field(0.01, ge=0)  # fedprox: the proximal term's weight μ
 
     @property
     def plain(self) -> bool:
@@ -59,7 +71,7 @@ def server_step(opt: ServerOptimizer, params: Params, combined: Params, moments:
     new_params, m_out, v_out = {}, {}, {}
     for name, x in params.items():
         delta = np.asarray(combined[name], np.float64) - x
-        if opt.rule == "fedavg":
+        if opt.rule in ("fedavg", *CORRECTED):
             step = delta
         elif opt.rule == "fedavgm":
             step = v_out[name] = opt.beta1 * moments["v"][name] + delta

@@ -46,7 +46,7 @@ class FedAvgLoRAConfig(Strict):
     test_fraction: float = Field(0.2, ge=0, lt=1)  # pairs held out for the reported accuracy
     seed: NonNegativeInt = 0
     aggregation: Aggregation = Aggregation()
-    server_optimizer: ServerOptimizer = ServerOptimizer()  # FedAvg, FedAvgM, FedAdagrad, FedAdam, FedYogi
+    server_optimizer: ServerOptimizer = ServerOptimizer()  # FedAvg(M), FedProx, SCAFFOLD, FedAdagrad, FedAdam, FedYogi
     engine: EngineOptions = EngineOptions()
 
 
@@ -79,7 +79,7 @@ def fedavg_lora_job(config: FedAvgLoRAConfig, data: str | Path | PreferenceSet,
                             batch_size=config.batch_size)
     clients = {f"client{i}": encoded[train_rows[p]] for i, p in enumerate(parts)}
 
-    algorithm = fedavg(trainer, config.aggregation, config.server_optimizer)
+    algorithm = fedavg(trainer, config.aggregation, config.server_optimizer, clients=len(clients))
 
     def finish(sim: SimulationResult) -> Result:
         trainer.load(algorithm.params(sim.state))

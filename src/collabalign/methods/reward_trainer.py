@@ -16,6 +16,7 @@ from collabalign.comm import Params
 from collabalign.data.preferences import PreferencePair
 from collabalign.lora.inject import lora_layers
 from collabalign.lora.stacked import route, routing, stacked
+from collabalign.methods.drift import Correction
 from collabalign.models.cached import TextCache, cache_texts
 from collabalign.models.pooled import Tokens
 from collabalign.models.reward import RewardModel, bt_loss, pair_texts, preference_accuracy
@@ -93,7 +94,9 @@ class RewardTrainer:
         r = self.model(tokens, features, self.split)
         return r[: len(r) // 2], r[len(r) // 2:]
 
-    def train(self, params: Params, data: EncodedPairs, rng: torch.Generator) -> tuple[Params, int]:
+    def train(self, params: Params, data: EncodedPairs, rng: torch.Generator,
+              correction: Correction | None = None) -> tuple[Params, int]:
+        """AdamW from `params` on `data`; `correction` (FedProx, SCAFFOLD) amends each step's gradients."""
         self.load(params)
         optimizer = torch.optim.AdamW(self.trainable().values(), lr=self.lr, weight_decay=0.0)
         for _ in range(self.epochs):
@@ -102,6 +105,8 @@ class RewardTrainer:
                 loss = bt_loss(*self.rewards(*data.batch(order[start:start + self.batch_size], self.device)))
                 optimizer.zero_grad()
                 loss.backward()
+                if correction is not None:
+                    correction.apply(self.trainable())
                 optimizer.step()
         return self.params(), len(data)
 
