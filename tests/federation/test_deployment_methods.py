@@ -2,7 +2,8 @@
 authentication, a node worker and a private-state folder per SuperNode, `flwr run .` of the project's app): what they
 save equals, bit for bit, what the in-process simulator saves on the same job with the clients trained one after
 another (the same arithmetic on one thread): adapters, arrays, and the personal models AffPCL's nodes keep. Each
-FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's. While the jobs run, the
+FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's; AffPCL's uploads are
+quantised to 8 bits (the same stochastic rounding on the nodes as in the simulator). While the jobs run, the
 SuperLink refuses three SuperNodes: one whose key was never registered, one without the CA certificate the
 SuperLink's certificate is signed by, and one that talks plaintext; each gives up after its retries and is never
 listed online. A file apart from test_deployment.py, so the two run side by side under pytest-xdist."""
@@ -48,7 +49,7 @@ def saved_tensors(*folders: Path) -> dict[str, np.ndarray]:
 def test_every_method_on_the_deployment_equals_the_simulator(tmp_path):
     np.savez(tmp_path / "agents.npz", **agent_arrays(agents=2))
     small = {**SMALL, "affpcl-federated": [f"data={tmp_path / 'agents.npz'}", "steps=2", "eval_every=2",
-                                           "engine.min_replies=2"]}
+                                           "engine.min_replies=2", "engine.upload_bits=8"]}  # quantised uploads
     with LoopbackDeployment(tmp_path, env={"OMP_NUM_THREADS": "1"}, state_dir=tmp_path / "state",
                             workers=True) as deployment:
         deployment.node_settings = DECLARED

@@ -56,14 +56,19 @@ class EngineOptions(Strict):
         "of the round's other valid replies' (from 2 valid replies on); null: off")
     batched: bool = Field(True, description="in process: the sampled clients train in one batched computation when "
                           "the algorithm can (client_update_many); false: one after another")
+    upload_bits: Literal[8, 4] | None = Field(None, description="each reply's update sent as 8- or 4-bit codes "
+                                              "(unbiased stochastic rounding, federation.quantise); null: full "
+                                              "precision")
 
     @model_serializer(mode="wrap")
     def _without_default_outlier_factor(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        """Dumped without `outlier_factor` at its default, which changes no honest run's numbers: config snapshots and
-        cache keys written before the setting existed still match."""
+        """Dumped without `outlier_factor` at its default, which changes no honest run's numbers, nor `upload_bits` when
+        off: config snapshots and cache keys written before these settings existed still match."""
         data = handler(self)
         if self.outlier_factor == OUTLIER_FACTOR:
             del data["outlier_factor"]
+        if self.upload_bits is None:
+            del data["upload_bits"]
         return data
 
 
@@ -132,6 +137,18 @@ def reply_spec(algorithm: Algorithm, state: ServerState, message: Message, cid: 
     """The algorithm's `reply_spec(state, message, cid)` if it has one, else the reply mirrors the message."""
     hook = getattr(algorithm, "reply_spec", None)
     return hook(state, message, cid) if hook is not None else ReplySpec.mirror(message)
+
+
+def decoded(algorithm: Algorithm, reply: Message, message: Message) -> Message | Failure:
+    """The reply as the client computed it, where the algorithm encodes its uploads (`decode_reply`: quantised
+    uploads); a reply it cannot decode is rejected."""
+    decode = getattr(algorithm, "decode_reply", None)
+    if decode is None:
+        return reply
+    try:
+        return decode(reply, message)
+    except (ValueError, TypeError, KeyError) as err:
+        return Failure("rejected", f"undecodable reply: {err}")
 
 
 def update_norm(reply: Message, spec: ReplySpec) -> float:
@@ -324,6 +341,8 @@ def _screen(algorithm: Algorithm, rnd: int, messages: dict[str, Message], outcom
         out = outcomes.get(cid, Failure("missing", "no reply"))
         if isinstance(out, Message):
             run.ledger.record(rnd, cid, "up", out.nbytes)
+            out = decoded(algorithm, out, msg)
+        if isinstance(out, Message):
             specs[cid] = reply_spec(algorithm, run.state, msg, cid)
             problem = check_reply(out, specs[cid], options.max_update_norm)
             if problem is None:

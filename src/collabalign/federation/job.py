@@ -15,6 +15,7 @@ from typing import Any
 
 from collabalign.federation.engine import EngineOptions, SimulationResult
 from collabalign.federation.protocol import Algorithm, ClientContext
+from collabalign.federation.quantise import quantised_uploads
 from collabalign.federation.simulator import simulate
 
 
@@ -36,6 +37,11 @@ class FederatedJob:
     eval_every: int = 1
     fraction: float = 1.0
     personal: Callable[[Any, ClientContext], Any] | None = None
+
+    def __post_init__(self) -> None:
+        """Quantised uploads (`options.upload_bits`) wrap the algorithm here, so a deployment's ServerApp and nodes,
+        which build the job alike, encode and decode the same way."""
+        self.algorithm = quantised_uploads(self.algorithm, self.options.upload_bits)
 
     def simulate(self, progress: bool = False) -> SimulationResult:
         """The rounds on `options.engine` in this process (or Flower's simulation engine)."""

@@ -13,6 +13,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from collabalign.federation.checkpoint import Checkpoint
 from collabalign.federation.engine import EngineOptions, InProcess, SimulationResult, run_rounds, sample_clients
 from collabalign.federation.protocol import Algorithm, ClientContext
+from collabalign.federation.quantise import quantised_uploads
 from collabalign.runs import active_run
 
 __all__ = ["SimulationResult", "sample_clients", "simulate"]
@@ -33,6 +34,7 @@ def simulate(algorithm: Algorithm, client_data: dict[str, Any], rounds: int, see
     state is empty (it stays on the Flower nodes).
     """
     options = options or EngineOptions()
+    algorithm = quantised_uploads(algorithm, options.upload_bits)
     if options.engine == "flower":
         from collabalign.federation.flower import run_flower_simulation
 
