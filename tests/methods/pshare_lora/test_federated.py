@@ -298,3 +298,22 @@ def test_fit_many_equals_one_client_after_another_in_float64():
         diff = max(float(np.abs(a[n] - b[n]).max()) for a, b in zip(many, one_by_one, strict=True) for n in a)
         assert diff < 1e-10
         assert max(float(np.abs(a[n] - s[n]).max()) for a, s in zip(many, starts, strict=True) for n in a) > 1e-3
+
+
+def test_a_server_optimiser_steps_the_shared_parameters_only_from_their_moments():
+    from collabalign.federation.server_opt import ServerOptimizer
+
+    _, _, model_fn = setup()
+    plain = pshare(model_fn)
+    half = pshare(model_fn, server=ServerOptimizer(rule="fedavgm", lr=0.5, beta1=0.5))
+    state = half.init(Seeds(0))
+    assert "moments" not in plain.init(Seeds(0))  # plain FedAvg keeps no moments
+    shared = {n: state["params"][n] for n in half.shared}
+    for rnd, change in ((1, 1.0), (2, 2.0)):  # every client moves every shared parameter by `change` from the server's
+        replies = {cid: Message({n: (state["params"][n] + change).astype(v.dtype) for n, v in shared.items()},
+                                {"n": 3}) for cid in ("u0", "u1")}
+        state = half.aggregate(state, replies, rnd)
+    for n, x in shared.items():  # FedAvgM: v1 = 1, x1 = x + 0.5; v2 = 0.5 v1 + 2 = 2.5, x2 = x1 + 1.25 (by hand)
+        np.testing.assert_allclose(state["params"][n], x + 0.5 + 1.25, rtol=0, atol=1e-6)
+    for n in half.personal:  # never sent: never stepped, their moments untouched
+        np.testing.assert_array_equal(state["moments"]["v"][n], 0)

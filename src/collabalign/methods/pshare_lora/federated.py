@@ -28,6 +28,7 @@ from collabalign.comm import Message, Params
 from collabalign.federation.aggregation import Aggregation, combine
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext, evaluate_per_client
+from collabalign.federation.server_opt import CORRECTED, ServerOptimizer, initial_moments, server_step
 from collabalign.methods.pshare_lora.local_trainer import INIT_STREAM, Kind, RoutedLoRA, summary
 from collabalign.methods.pshare_lora.train import Prefs
 from collabalign.seeding import Seeds
@@ -46,14 +47,20 @@ def personal_bytes(clients: Mapping[str, ClientContext]) -> int:
 
 class PersonalLoRA:
     """Users as clients of one LoRA reward model: parameters of the `personal` kinds stay on the clients, the others
-    are sent, trained by `trainer` and combined by `aggregation` (default: averaged weighted by sample count).
+    are sent, trained by `trainer` and combined by `aggregation` (default: averaged weighted by sample count), then
+    stepped by the `server` optimiser (default: taken as combined; its moments, kept in the server state, cover every
+    parameter and move only for those sent that round).
     `global_rounds` > 0: FedAvg-LoRA first (everything sent), then each client continues from the global parameters
     at `personal_lr`."""
 
     def __init__(self, trainer: RoutedLoRA, personal: tuple[Kind, ...], global_rounds: int = 0,
                  personal_lr: float | None = None, independent_init: bool = False,
-                 aggregation: Aggregation | None = None):
-        self.trainer, self.aggregation = trainer, aggregation or Aggregation()
+                 aggregation: Aggregation | None = None, server: ServerOptimizer | None = None):
+        self.trainer, self.aggregation, self.server = trainer, aggregation or Aggregation(), server or ServerOptimizer()
+        if self.server.rule in CORRECTED:
+            raise ValueError(f"server_optimizer {self.server.rule} corrects the clients' local gradients, which "
+                             "P-ShareLoRA's local steps do not take; use fedavg, fedavgm, fedadagrad, fedadam or "
+                             "fedyogi")
         self.personal = [n for n, k in trainer.kinds.items() if k in personal]
         self.shared = [n for n in trainer.kinds if n not in self.personal]
         self.global_rounds = global_rounds
@@ -78,7 +85,9 @@ class PersonalLoRA:
     # ---- the Algorithm protocol ----
     def init(self, seeds: Seeds) -> dict[str, Any]:
         init_seed = seeds.entropy(INIT_STREAM)
-        return {"params": self.start(init_seed), "init_seed": init_seed, "seen": []}
+        params = self.start(init_seed)
+        moments = {} if self.server.plain else {"moments": initial_moments(self.server, params)}
+        return {"params": params, "init_seed": init_seed, "seen": [], **moments}
 
     def configure(self, state: dict[str, Any], round_: int, client_ids: list[str]) -> dict[str, Message]:
         """Global phase: every parameter. Personal phase: the shared ones; a client's first personal message also
@@ -117,11 +126,17 @@ class PersonalLoRA:
     def aggregate(self, state: dict[str, Any], replies: dict[str, Message], round_: int) -> dict[str, Any]:
         ordered = [replies[cid] for cid in sorted(replies)]
         params = dict(state["params"])
+        moments = state.get("moments")
         if ordered and len(ordered[0]):
             sent = {n: params[n] for n in ordered[0]}
-            params.update(combine(sent, ordered, np.array([r.meta["n"] for r in ordered]), self.aggregation, round_))
+            combined = combine(sent, ordered, np.array([r.meta["n"] for r in ordered]), self.aggregation, round_)
+            if moments is not None:  # the server optimiser's step on the sent parameters, from their moments
+                combined, stepped = server_step(self.server, sent, combined,
+                                                {k: {n: m[n] for n in sent} for k, m in moments.items()})
+                moments = {k: {**m, **stepped[k]} for k, m in moments.items()}
+            params.update(combined)
         seen = sorted(set(state["seen"]) | set(replies)) if self.is_personal(round_) else state["seen"]
-        return {**state, "params": params, "seen": seen}
+        return {**state, "params": params, "seen": seen, **({} if moments is None else {"moments": moments})}
 
     def evaluate(self, state: dict[str, Any], clients: dict[str, ClientContext], round_: int) -> dict[str, float]:
         return evaluate_per_client(self, state, clients, round_)
@@ -179,8 +194,8 @@ class FederatedPShareLoRA(PersonalLoRA):
     the G / WU variants (FedAvg-LoRA first, then each client continues from the global A at `personal_lr`)."""
 
     def __init__(self, trainer: RoutedLoRA, global_rounds: int = 0, personal_lr: float | None = None,
-                 aggregation: Aggregation | None = None):
-        super().__init__(trainer, ("A",), global_rounds, personal_lr, aggregation=aggregation)
+                 aggregation: Aggregation | None = None, server: ServerOptimizer | None = None):
+        super().__init__(trainer, ("A",), global_rounds, personal_lr, aggregation=aggregation, server=server)
 
 
 class LocalLoRA(PersonalLoRA):

@@ -28,6 +28,7 @@ from collabalign.federation.aggregation import Aggregation
 from collabalign.federation.engine import EngineOptions, SimulationResult
 from collabalign.federation.job import FederatedJob
 from collabalign.federation.protocol import ClientContext
+from collabalign.federation.server_opt import CORRECTED, ServerOptimizer
 from collabalign.lora.targets import default_targets
 from collabalign.methods.pshare_lora.entry import user_pairs
 from collabalign.methods.pshare_lora.federated import FederatedPShareLoRA, LocalLoRA, PersonalLoRA, personal_bytes
@@ -56,6 +57,7 @@ class FederatedPShareLoRAConfig(Strict):
     fraction: float = Field(1.0, gt=0, le=1)  # users sampled a round
     seed: NonNegativeInt = 0
     aggregation: Aggregation = Aggregation()  # how the shared parameters are combined
+    server_optimizer: ServerOptimizer = ServerOptimizer()  # then the server's step (fedprox / scaffold: not here)
     engine: EngineOptions = EngineOptions()
 
     @field_validator("lora")
@@ -64,6 +66,14 @@ class FederatedPShareLoRAConfig(Strict):
         if lora.dropout:
             raise ValueError("federated training runs without LoRA dropout (set 0)")
         return lora
+
+    @field_validator("server_optimizer")
+    @classmethod
+    def _server_side(cls, server: ServerOptimizer) -> ServerOptimizer:
+        if server.rule in CORRECTED:
+            raise ValueError(f"{server.rule} corrects the clients' local gradients, which P-ShareLoRA's local steps "
+                             "do not take: use fedavg, fedavgm, fedadagrad, fedadam or fedyogi")
+        return server
 
 
 def train_pshare_lora_federated(config: FederatedPShareLoRAConfig, data: str | Path | PreferenceSet,
@@ -126,5 +136,5 @@ def algorithm_of(config: FederatedPShareLoRAConfig, trainer: RoutedLoRA) -> Pers
     global_rounds = {"pshare_si": 0, "pshare_wu": round(config.warmup_fraction * config.rounds),
                      "pshare_g": round(config.global_fraction * config.rounds)}[config.method]
     personal_lr = config.lr / 3 if config.method == "pshare_g" else None
-    return FederatedPShareLoRA(trainer, global_rounds, personal_lr, config.aggregation)
+    return FederatedPShareLoRA(trainer, global_rounds, personal_lr, config.aggregation, config.server_optimizer)
 
