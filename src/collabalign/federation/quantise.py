@@ -58,6 +58,11 @@ def restore(codes: np.ndarray, scale: np.ndarray, bits: int, size: int) -> np.nd
     return q * np.float64(scale[0])
 
 
+def base_of(message: Message, name: str, shape: tuple[int, ...]) -> np.ndarray | float:
+    """What the update of array `name` is measured from: the broadcast array of that name and shape, else 0."""
+    return message[name] if name in message and message[name].shape == shape else 0.0
+
+
 class QuantisedUploads:
     """`algorithm` with its clients' replies quantised (module doc); everything else is the algorithm's own."""
 
@@ -83,8 +88,8 @@ class QuantisedUploads:
             if not np.issubdtype(value.dtype, np.floating):
                 arrays[name] = value
                 continue
-            base = message[name] if name in message and message[name].shape == value.shape else 0.0
-            arrays[name], arrays[name + SCALE] = quantise(value.astype(np.float64) - base, self.bits, rng)
+            delta = value.astype(np.float64) - base_of(message, name, value.shape)
+            arrays[name], arrays[name + SCALE] = quantise(delta, self.bits, rng)
             quantised[name] = [list(value.shape), value.dtype.str]
         return Message(arrays, {**reply.meta, "quantised": {"bits": self.bits, "arrays": quantised}})
 
@@ -99,8 +104,7 @@ class QuantisedUploads:
             if not np.issubdtype(dtype, np.floating) or name not in reply or name + SCALE not in reply:
                 raise ValueError(f"array {name!r}: no {dtype} codes and scale")
             delta = restore(reply[name], reply[name + SCALE], self.bits, int(np.prod(shape))).reshape(shape)
-            base = message[name] if name in message and message[name].shape == shape else 0.0
-            arrays[name] = (base + delta).astype(dtype)
+            arrays[name] = (base_of(message, name, shape) + delta).astype(dtype)
         meta = {k: v for k, v in reply.meta.items() if k != "quantised"}
         return Message(arrays, meta)
 

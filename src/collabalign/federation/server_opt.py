@@ -55,6 +55,15 @@ class ServerOptimizer(Strict):
         return self.rule == "fedavg" and self.lr == 1.0
 
 
+def server_side_only(opt: ServerOptimizer, method: str) -> ServerOptimizer:
+    """`opt`, if it steps on the server alone; ValueError for FedProx and SCAFFOLD, whose clients must correct their
+    local gradients, which `method`'s local steps do not take."""
+    if opt.rule in CORRECTED:
+        raise ValueError(f"{opt.rule} corrects the clients' local gradients, which {method}'s local steps do not take: "
+                         "use fedavg, fedavgm, fedadagrad, fedadam or fedyogi")
+    return opt
+
+
 def initial_moments(opt: ServerOptimizer, params: Params) -> dict[str, Params]:
     """The rule's moments before round 1: {"m": ..., "v": ...} as the rule keeps them (module doc)."""
     zeros = {n: np.zeros(p.shape) for n, p in params.items()}

@@ -28,7 +28,7 @@ from collabalign.comm import Message, Params
 from collabalign.federation.aggregation import Aggregation, combine
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext, evaluate_per_client
-from collabalign.federation.server_opt import CORRECTED, ServerOptimizer, initial_moments, server_step
+from collabalign.federation.server_opt import ServerOptimizer, initial_moments, server_side_only, server_step
 from collabalign.methods.pshare_lora.local_trainer import INIT_STREAM, Kind, RoutedLoRA, summary
 from collabalign.methods.pshare_lora.train import Prefs
 from collabalign.seeding import Seeds
@@ -56,11 +56,8 @@ class PersonalLoRA:
     def __init__(self, trainer: RoutedLoRA, personal: tuple[Kind, ...], global_rounds: int = 0,
                  personal_lr: float | None = None, independent_init: bool = False,
                  aggregation: Aggregation | None = None, server: ServerOptimizer | None = None):
-        self.trainer, self.aggregation, self.server = trainer, aggregation or Aggregation(), server or ServerOptimizer()
-        if self.server.rule in CORRECTED:
-            raise ValueError(f"server_optimizer {self.server.rule} corrects the clients' local gradients, which "
-                             "P-ShareLoRA's local steps do not take; use fedavg, fedavgm, fedadagrad, fedadam or "
-                             "fedyogi")
+        self.trainer, self.aggregation = trainer, aggregation or Aggregation()
+        self.server = server_side_only(server or ServerOptimizer(), "P-ShareLoRA")
         self.personal = [n for n, k in trainer.kinds.items() if k in personal]
         self.shared = [n for n in trainer.kinds if n not in self.personal]
         self.global_rounds = global_rounds

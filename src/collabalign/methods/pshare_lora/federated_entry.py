@@ -28,7 +28,7 @@ from collabalign.federation.aggregation import Aggregation
 from collabalign.federation.engine import EngineOptions, SimulationResult
 from collabalign.federation.job import FederatedJob
 from collabalign.federation.protocol import ClientContext
-from collabalign.federation.server_opt import CORRECTED, ServerOptimizer
+from collabalign.federation.server_opt import ServerOptimizer, server_side_only
 from collabalign.lora.targets import default_targets
 from collabalign.methods.pshare_lora.entry import user_pairs
 from collabalign.methods.pshare_lora.federated import FederatedPShareLoRA, LocalLoRA, PersonalLoRA, personal_bytes
@@ -70,10 +70,7 @@ class FederatedPShareLoRAConfig(Strict):
     @field_validator("server_optimizer")
     @classmethod
     def _server_side(cls, server: ServerOptimizer) -> ServerOptimizer:
-        if server.rule in CORRECTED:
-            raise ValueError(f"{server.rule} corrects the clients' local gradients, which P-ShareLoRA's local steps "
-                             "do not take: use fedavg, fedavgm, fedadagrad, fedadam or fedyogi")
-        return server
+        return server_side_only(server, "P-ShareLoRA")
 
 
 def train_pshare_lora_federated(config: FederatedPShareLoRAConfig, data: str | Path | PreferenceSet,
