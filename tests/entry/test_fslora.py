@@ -89,3 +89,36 @@ def test_real_encoder_smoke(tmp_path):
     expected = pooled_scores(result.model, scorer.tokenizer, PROBES, 16)
     np.testing.assert_allclose(scorer(PROBES), expected, atol=1e-5)
     assert SavedScorer(run, "device-0")(PROBES).shape == (3, 2)
+
+
+@pytest.mark.parametrize("method", ["ffa-lora", "fedsa-lora", "fedex-lora"])
+def test_lora_variants_train_and_their_adapters_reload(tmp_path, method):
+    config = CONFIG.model_copy(update={"method": method, "ranks": [8, 8]})
+    result = train_fslora(config, write_jsonl(tmp_path / "mine.jsonl", sentences()))
+    assert result.metrics["rounds"][-1]["loss"] < result.metrics["rounds"][0]["loss"]  # it trains
+    run = result.save(tmp_path / "run")
+    names = json.loads((run / "manifest.json").read_text())["adapters"]
+    assert names == ["device-0", "device-1"] + ([] if method == "fedsa-lora" else ["global"])
+    backbone = tiny_llama()
+    scores = pooled_scores(result.model, backbone.tokenizer, PROBES, 32)  # the global model, or the last device's
+    np.testing.assert_allclose(SavedScorer(run, names[-1], backbone)(PROBES), scores, atol=1e-4)
+    devices = [SavedScorer(run, f"device-{i}", tiny_llama())(PROBES) for i in range(2)]
+    assert np.allclose(devices[0], devices[1]) == (method != "fedsa-lora")  # FedSA-LoRA's B is each device's own
+
+
+def test_server_optimizer_is_refused_where_the_method_cannot_take_it():
+    with pytest.raises(ValidationError, match="not flexlora"):
+        FSLoRAConfig(method="flexlora", server_optimizer={"rule": "fedadam", "lr": 0.01})
+    with pytest.raises(ValidationError, match="fedprox corrects"):
+        FSLoRAConfig(server_optimizer={"rule": "fedprox"})
+    with pytest.raises(ValidationError, match="not both"):
+        FSLoRAConfig(server_lr=1e-3, server_optimizer={"rule": "fedadam"})
+    FSLoRAConfig(method="fedex-lora", server_optimizer={"rule": "fedavg"})  # the plain average is every method's
+
+
+def test_server_optimizer_steps_fslora(tmp_path):
+    path = write_jsonl(tmp_path / "mine.jsonl", sentences())
+    plain = train_fslora(CONFIG, path)
+    config = FSLoRAConfig(**CONFIG.model_dump() | {"server_optimizer": {"rule": "fedadam", "lr": 0.01}})
+    adam = train_fslora(config, path)
+    assert adam.metrics["rounds"][-1]["loss"] != plain.metrics["rounds"][-1]["loss"]

@@ -62,6 +62,15 @@ def has_client_metrics(algorithm: Any) -> bool:
     return hasattr(algorithm, "client_metrics") and hasattr(algorithm, "combine_metrics")
 
 
+def mean_min_max(per_client: dict[str, dict[str, float]]) -> dict[str, float]:
+    """Mean, min and max over clients of each metric (`<metric>`, `<metric>_min`, `<metric>_max`)."""
+    out = {}
+    for key in next(iter(per_client.values())):
+        vals = np.array([m[key] for m in per_client.values()])
+        out.update({key: float(vals.mean()), f"{key}_min": float(vals.min()), f"{key}_max": float(vals.max())})
+    return out
+
+
 def evaluate_per_client(algorithm: Any, state: ServerState, clients: dict[str, ClientContext],
                         round_: int) -> dict[str, float]:
     """`combine_metrics` over every client's `client_metrics`, in client id order: the `evaluate` of an algorithm

@@ -12,7 +12,7 @@ import torch
 from collabalign.comm import Message, Params
 from collabalign.federation.aggregation import Aggregation, combine
 from collabalign.federation.engine import ReplySpec
-from collabalign.federation.protocol import ClientContext, evaluate_per_client
+from collabalign.federation.protocol import ClientContext, evaluate_per_client, mean_min_max
 from collabalign.federation.server_opt import CORRECTED, ServerOptimizer, initial_moments, server_step
 from collabalign.methods.drift import Correction
 from collabalign.seeding import Seeds
@@ -207,8 +207,4 @@ class LocalOnly:
 
     def combine_metrics(self, state: Params, per_client: dict[str, dict[str, float]], round_: int) -> dict[str, float]:
         """Mean, min and max over clients of each metric."""
-        out = {}
-        for key in next(iter(per_client.values())):
-            vals = np.array([m[key] for m in per_client.values()])
-            out.update({key: float(vals.mean()), f"{key}_min": float(vals.min()), f"{key}_max": float(vals.max())})
-        return out
+        return mean_min_max(per_client)

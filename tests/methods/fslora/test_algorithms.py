@@ -196,7 +196,7 @@ def test_server_adam_takes_a_bias_corrected_adam_step_on_the_averaged_update(set
     second uses the moments carried in the server state; nothing under opt/ is sent to devices."""
     problem, clients, ranks = setup
     adam = ServerAdam(lr=0.01)
-    plain, with_adam = fslora(problem, ranks, RANK), fslora(problem, ranks, RANK, server_adam=adam)
+    plain, with_adam = fslora(problem, ranks, RANK), fslora(problem, ranks, RANK, server=adam)
     ids = sorted(clients)
     state, _, replies = one_round(plain, clients)
     eq5, stepped = plain.aggregate(state, replies, 1), with_adam.aggregate(state, replies, 1)
@@ -244,7 +244,7 @@ def test_the_sketch_seed_lives_in_the_server_state_and_is_never_sent(setup):
 def test_no_algorithm_keeps_state_of_its_own_between_hook_calls(setup, method):
     """A run leaves every attribute of the algorithm object as it was (the shared problem is a workspace)."""
     problem, clients, ranks = setup
-    algorithm = {"fslora-adam": lambda: fslora(problem, ranks, RANK, server_adam=ServerAdam(0.01)),
+    algorithm = {"fslora-adam": lambda: fslora(problem, ranks, RANK, server=ServerAdam(0.01)),
                  "heterolora": lambda: heterolora(problem, ranks, RANK),
                  "flexlora": lambda: FlexLoRA(problem, ranks, RANK),
                  "fedstack": lambda: FedStackLoRA(problem, ranks, RANK)}[method]()

@@ -17,7 +17,18 @@ from collabalign.experiments.fslora.config import Config, FederationConfig, Synt
 from collabalign.federation import Algorithm, SimulationResult, simulate
 from collabalign.federation.engine import EngineOptions, RoundFailed
 from collabalign.lora import inject_lora
-from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, ServerAdam, device_ranks, fedlora, fslora, heterolora
+from collabalign.methods.fslora import (
+    FedExLoRA,
+    FedSALoRA,
+    FedStackLoRA,
+    FlexLoRA,
+    ServerAdam,
+    device_ranks,
+    fedlora,
+    ffalora,
+    fslora,
+    heterolora,
+)
 from collabalign.methods.fslora.common import head_of
 from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, teacher_student
 from collabalign.runs import cached_json, fingerprint
@@ -25,6 +36,7 @@ from collabalign.seeding import Seeds
 
 METHODS = ("fedlora", "fslora", "heterolora", "flexlora", "fedstack")
 BASELINES = ("heterolora", "flexlora", "fedstack")  # the heterogeneous-rank methods FSLoRA is compared with
+VARIANTS = ("ffa-lora", "fedsa-lora", "fedex-lora")  # LoRA variants built for averaging, every device at the rank
 
 
 @dataclass(frozen=True)
@@ -73,16 +85,22 @@ def algorithm(arm: Arm, problem: TorchLoRAProblem, ranks: dict[str, int], fed: F
     alpha = fed.lora_alpha
     adam = ServerAdam(fed.server_lr) if fed.server_opt == "adam" else None
     if arm.method == "fedlora":
-        return fedlora(problem, list(ranks), arm.rank, alpha, upload_top_k=arm.top_k, server_adam=adam)
+        return fedlora(problem, list(ranks), arm.rank, alpha, upload_top_k=arm.top_k, server=adam)
     if arm.method == "fslora":
-        return fslora(problem, ranks, arm.rank, alpha, upload_top_k=arm.top_k, server_adam=adam)
+        return fslora(problem, ranks, arm.rank, alpha, upload_top_k=arm.top_k, server=adam)
     if arm.method == "heterolora":
-        return heterolora(problem, ranks, arm.rank, alpha, server_adam=adam)
+        return heterolora(problem, ranks, arm.rank, alpha, server=adam)
+    if arm.method == "ffa-lora":
+        return ffalora(problem, list(ranks), arm.rank, alpha, server=adam)
+    if arm.method == "fedsa-lora":
+        return FedSALoRA(problem, list(ranks), arm.rank, alpha, server=adam)
+    if arm.method == "fedex-lora":
+        return FedExLoRA(problem, list(ranks), arm.rank, alpha)
     if arm.method == "flexlora":
         return FlexLoRA(problem, ranks, arm.rank, alpha, sigma_split=fed.flexlora_sigma)
     if arm.method == "fedstack":
         return FedStackLoRA(problem, ranks, arm.rank, alpha)
-    raise ValueError(f"unknown method {arm.method!r}; known: {METHODS}")
+    raise ValueError(f"unknown method {arm.method!r}; known: {METHODS + VARIANTS}")
 
 
 def headline(metrics: dict) -> float:

@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from collabalign.comm import Message
+from collabalign.federation.server_opt import ServerOptimizer, initial_moments, server_side_only, server_step
 from collabalign.seeding import Seeds
 
 PAPER_RATIOS = (0.125, 0.25, 0.5, 0.75)
@@ -77,3 +78,34 @@ class ServerAdam:
             out[f"opt/m/{key}"], out[f"opt/v/{key}"] = m, v
         out["opt/t"] = np.array([t], np.int64)
         return out
+
+
+class ServerRule:
+    """A `federation.server_opt` rule (FedAvgM, FedAdagrad, FedAdam, FedYogi, FedAvg at a step size) in place of the
+    plain averaged step: x_{t+1} from x_t and the averaged proposal, for every float array the method averages (the
+    rule's moments under `opt/m/`, `opt/v/` in the server state, never sent). FedProx and SCAFFOLD are refused: the
+    family's local steps take no gradient correction."""
+
+    def __init__(self, opt: ServerOptimizer):
+        self.opt = server_side_only(opt, "the FSLoRA family")
+
+    def step(self, state: dict[str, np.ndarray], proposed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = [k for k, v in proposed.items()
+                 if not k.startswith("opt/") and k in state and np.issubdtype(v.dtype, np.floating)]
+        params = {n: state[n] for n in names}
+        moments = {kind: {n: state[f"opt/{kind}/{n}"] for n in names}
+                   for kind in ("m", "v") if names and f"opt/{kind}/{names[0]}" in state}
+        new, moments = server_step(self.opt, params, {n: proposed[n] for n in names},
+                                   moments or initial_moments(self.opt, params))
+        out = dict(proposed) | new
+        for kind, arrays in moments.items():
+            out |= {f"opt/{kind}/{n}": v for n, v in arrays.items()}
+        return out
+
+
+ServerStep = ServerAdam | ServerRule  # what a family method's `server` takes in place of the plain averaged step
+
+
+def server_rule(opt: ServerOptimizer | None) -> ServerRule | None:
+    """The rule as a family method's `server`, or None when it is the plain averaged step."""
+    return None if opt is None or opt.plain else ServerRule(opt)

@@ -1,6 +1,7 @@
 """FSLoRA and its heterogeneous-rank family, the entry point: labelled text (JSONL or a loaded `TextDataset`), any
 Hugging Face model, devices of different LoRA ranks; the server's global LoRA classifier and each device's rank-k_i
-slice of it back.
+slice of it back. The LoRA variants built for averaging (FFA-LoRA, FedSA-LoRA, FedEx-LoRA) run every device at the
+global rank (`ranks` then only counts the devices).
 
     from collabalign.methods.fslora import FSLoRAConfig, train_fslora
     result = train_fslora(FSLoRAConfig(model="minilm-l6", ranks=[2, 4, 8], rounds=10), "labelled.jsonl")
@@ -24,9 +25,13 @@ from collabalign.data.partition import iid
 from collabalign.federation.engine import EngineOptions, SimulationResult
 from collabalign.federation.job import FederatedJob
 from collabalign.federation.protocol import ClientContext
+from collabalign.federation.server_opt import ServerOptimizer
 from collabalign.lora.targets import default_targets
-from collabalign.methods.fslora.common import ServerAdam, head_of
+from collabalign.methods.fslora.common import ServerAdam, head_of, server_rule
+from collabalign.methods.fslora.fedex import FedExLoRA
 from collabalign.methods.fslora.fedlora import fedlora
+from collabalign.methods.fslora.fedsa import FedSALoRA
+from collabalign.methods.fslora.ffalora import ffalora
 from collabalign.methods.fslora.flexlora import FlexLoRA
 from collabalign.methods.fslora.heterolora import heterolora
 from collabalign.methods.fslora.problems import ClassificationData, Factors, LocalSGD, TorchLoRAProblem
@@ -37,8 +42,10 @@ from collabalign.models.pooled import PooledModel
 from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
 from collabalign.seeding import Seeds
 
-Method = Literal["fslora", "heterolora", "flexlora", "fedlora"]
+Method = Literal["fslora", "heterolora", "flexlora", "fedlora", "ffa-lora", "fedsa-lora", "fedex-lora"]
 View = tuple[Factors, float]  # an adapter as the method uses it: factors per layer and the LoRA scale
+Family = SubspaceLoRA | FlexLoRA | FedExLoRA | FedSALoRA
+STEPPED = ("fslora", "heterolora", "fedlora", "ffa-lora", "fedsa-lora")  # methods a server optimiser can step
 
 
 class FSLoRAConfig(Strict):
@@ -55,6 +62,7 @@ class FSLoRAConfig(Strict):
     lr: PositiveFloat = 0.05
     momentum: float = Field(0.0, ge=0, lt=1)  # local SGD momentum, fresh every round
     server_lr: PositiveFloat | None = None  # the authors' code's server Adam at this lr; None: eq. 5's mean step
+    server_optimizer: ServerOptimizer | None = None  # or a federation.server_opt rule (not fedprox, scaffold)
     max_length: PositiveInt = 64
     test_fraction: float = Field(0.2, ge=0, lt=1)  # examples held out for the reported accuracy (Pearson)
     seed: NonNegativeInt = 0
@@ -64,8 +72,14 @@ class FSLoRAConfig(Strict):
     def _consistent(self) -> FSLoRAConfig:
         if max(self.ranks) > self.lora.rank:
             raise ValueError(f"device ranks {self.ranks} must be at most the global rank lora.rank={self.lora.rank}")
-        if self.server_lr is not None and self.method == "flexlora":
-            raise ValueError("server_lr (server Adam) applies to fslora, heterolora and fedlora, not flexlora")
+        stepped = self.server_lr is not None or (self.server_optimizer is not None and not self.server_optimizer.plain)
+        if stepped and self.method not in STEPPED:
+            raise ValueError(f"server_lr and server_optimizer apply to {', '.join(STEPPED)}, not {self.method} (its "
+                             "server keeps a product of the factors, not the factors it averages)")
+        if self.server_lr is not None and self.server_optimizer is not None:
+            raise ValueError("set server_lr (the authors' server Adam) or server_optimizer, not both")
+        if self.server_optimizer is not None:
+            server_rule(self.server_optimizer)  # fedprox and scaffold: refused with one line
         return self
 
 
@@ -105,13 +119,14 @@ def fslora_job(config: FSLoRAConfig, data: str | Path | TextDataset,
         if n_test:
             metrics.update({k: v for k, v in sim.metrics[-1].items() if k != "round"})
         head, prefix = head_of(sim.state), base_prefix(backbone.model)
-        adapters = {}
-        for i, (factors, scale) in enumerate(_device_views(method, sim.state, config.rounds + 1, list(clients))):
+        adapters, views = {}, _device_views(method, sim, config.rounds + 1, list(clients))
+        for i, (factors, scale) in enumerate(views):
             problem.load(factors, head, scale, None)  # the layers now run the device's block at its scale
             adapters[f"device-{i}"] = pooled_adapter(pooled, prefix, name)
-        factors, scale = _global_view(method, sim.state)
-        problem.load(factors, head, scale, None)  # last: result.model is the global classifier
-        adapters["global"] = pooled_adapter(pooled, prefix, name)
+        if not isinstance(method, FedSALoRA):  # FedSA-LoRA has no global model: result.model is the last device's
+            factors, scale = _global_view(method, sim.state)
+            problem.load(factors, head, scale, None)  # last: result.model is the global classifier
+            adapters["global"] = pooled_adapter(pooled, prefix, name)
         return Result(config.method, "classifier", name, config.model_dump(), data_hash, metrics, adapters,
                       max_length=config.max_length, model=pooled)
 
@@ -126,38 +141,57 @@ def _labelled(data: str | Path | TextDataset) -> tuple[TextDataset, str]:
     return data, json_hash(rows)
 
 
-def _algorithm(config: FSLoRAConfig, problem: TorchLoRAProblem, ranks: dict[str, int]) -> SubspaceLoRA | FlexLoRA:
+def _algorithm(config: FSLoRAConfig, problem: TorchLoRAProblem, ranks: dict[str, int]) -> Family:
     """The configured method over devices of these ranks, at global rank lora.rank."""
-    rank, alpha = config.lora.rank, config.lora.alpha
-    adam = None if config.server_lr is None else ServerAdam(config.server_lr)
+    rank, alpha, ids = config.lora.rank, config.lora.alpha, list(ranks)
+    server = ServerAdam(config.server_lr) if config.server_lr is not None else server_rule(config.server_optimizer)
     if config.method == "fslora":
-        return fslora(problem, ranks, rank, alpha, server_adam=adam)
+        return fslora(problem, ranks, rank, alpha, server=server)
     if config.method == "heterolora":
-        return heterolora(problem, ranks, rank, alpha, server_adam=adam)
+        return heterolora(problem, ranks, rank, alpha, server=server)
     if config.method == "fedlora":
-        return fedlora(problem, list(ranks), rank, alpha, server_adam=adam)
+        return fedlora(problem, ids, rank, alpha, server=server)
+    if config.method == "ffa-lora":
+        return ffalora(problem, ids, rank, alpha, server=server)
+    if config.method == "fedsa-lora":
+        return FedSALoRA(problem, ids, rank, alpha, server=server)
+    if config.method == "fedex-lora":
+        return FedExLoRA(problem, ids, rank, alpha)
     return FlexLoRA(problem, ranks, rank, alpha)
 
 
-def _device_views(method: SubspaceLoRA | FlexLoRA, state: dict[str, np.ndarray], round_: int,
-                  ids: list[str]) -> list[View]:
-    """Each device's rank-k_i adapter of the final global model, as the method hands it to the device in round
-    `round_` (FSLoRA: that round's sketch, with the r/k_i factor; HeteroLoRA: the first k_i ranks; FlexLoRA: the
-    rank-k_i SVD truncation; FedLoRA: the global factors)."""
-    messages = method.configure(state, round_, ids)
-    jobs = [method.local_job(messages[cid], ClientContext(cid, None)) for cid in ids]
+def _device_views(method: Family, sim: SimulationResult, round_: int, ids: list[str]) -> list[View]:
+    """Each device's adapter of the final model, as the method hands it to the device in round `round_` (FSLoRA:
+    that round's sketch, with the r/k_i factor; HeteroLoRA: the first k_i ranks; FlexLoRA: the rank-k_i SVD
+    truncation; FedLoRA, FFA-LoRA: the global factors; FedEx-LoRA: the global model, base folded in; FedSA-LoRA:
+    the shared A with the device's own B)."""
+    if isinstance(method, FedExLoRA):
+        return [_global_view(method, sim.state)] * len(ids)
+    messages = method.configure(sim.state, round_, ids)
+    clients = {cid: sim.clients.get(cid, ClientContext(cid, None)) for cid in ids}
+    jobs = [method.local_job(messages[cid], clients[cid]) for cid in ids]
     return [(job.factors, float(job.scale)) for job in jobs]
 
 
-def _global_view(method: SubspaceLoRA | FlexLoRA, state: dict[str, np.ndarray]) -> View:
-    """The server's model as LoRA: its rank-r factors; for FlexLoRA the averaged update dW factored exactly (SVD) at
-    its rank, at most the sum of the device ranks."""
+def _global_view(method: Family, state: dict[str, np.ndarray]) -> View:
+    """The server's model as LoRA: its rank-r factors; for FlexLoRA (the averaged update dW) and FedEx-LoRA (the
+    base plus the factors' product) the dense update factored exactly (SVD) at its numerical rank."""
     shapes = method.problem.shapes
     if isinstance(method, SubspaceLoRA):
         return {n: (state[f"{n}.B"], state[f"{n}.A"]) for n in shapes}, method.scale
-    rank = min(sum(method.ranks.values()), *(min(shape) for shape in shapes.values()))
+    return exact_factors(method.delta_weights(state)), 1.0
+
+
+def exact_factors(dense: dict[str, np.ndarray]) -> Factors:
+    """{layer: (B, A)} with B A = the layer's dense update, every layer at one rank (a PEFT adapter has one): the
+    largest numerical rank over the layers (singular values above 1e-6 of the largest), zero-padded where a layer
+    has fewer."""
+    svds = {n: np.linalg.svd(d.astype(np.float64), full_matrices=False) for n, d in dense.items()}
+    rank = max(1, *(int((s > 1e-6 * s[0]).sum()) if s.size and s[0] > 0 else 1 for _, s, _ in svds.values()))
     factors = {}
-    for n in shapes:
-        u, sigma, vt = np.linalg.svd(state[f"{n}.dW"].astype(np.float64), full_matrices=False)
-        factors[n] = ((u[:, :rank] * sigma[:rank]).astype(np.float32), vt[:rank].astype(np.float32))
-    return factors, 1.0
+    for n, (u, sigma, vt) in svds.items():
+        k = min(rank, len(sigma))
+        b, a = np.zeros((u.shape[0], rank), np.float32), np.zeros((rank, vt.shape[1]), np.float32)
+        b[:, :k], a[:k] = u[:, :k] * sigma[:k], vt[:k]
+        factors[n] = (b, a)
+    return factors

@@ -5,13 +5,13 @@ constructor of the shared `SubspaceLoRA`."""
 
 from __future__ import annotations
 
-from collabalign.methods.fslora.common import ServerAdam
+from collabalign.methods.fslora.common import ServerStep
 from collabalign.methods.fslora.problems import TorchLoRAProblem
 from collabalign.methods.fslora.sketch import SubspaceLoRA
 
 
 def heterolora(problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0,
-               server_adam: ServerAdam | None = None) -> SubspaceLoRA:
+               server: ServerStep | None = None) -> SubspaceLoRA:
     """HeteroLoRA: the first k_i ranks, trained at the global scale; only the block is downloaded."""
     return SubspaceLoRA(problem, ranks, rank, alpha, random_blocks=False, rescale=False, download="submatrix",
-                        server_adam=server_adam)
+                        server=server)

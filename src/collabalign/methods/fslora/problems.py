@@ -65,7 +65,7 @@ class LocalSGD:
 
 class LocalJob(NamedTuple):
     """One device's `local_train` arguments: its blocks, head, LoRA scale (one, or per layer), dense base (None:
-    W0), data and generator."""
+    W0), data, generator, and whether A trains (False: A stays at what was sent, FFA-LoRA)."""
 
     factors: Factors
     head: Params
@@ -73,6 +73,7 @@ class LocalJob(NamedTuple):
     base: dict[str, np.ndarray] | None
     data: ClassificationData
     rng: torch.Generator
+    train_a: bool = True
 
 
 @dataclass
@@ -159,12 +160,14 @@ class TorchLoRAProblem:
 
     def local_train(self, factors: Factors, head: Params, scale: float | dict[str, float],
                     base: dict[str, np.ndarray] | None, data: ClassificationData,
-                    rng: torch.Generator) -> tuple[Factors, Params]:
-        """`sgd.steps` SGD steps on minibatches drawn with replacement; only the blocks and the head move (only the
-        head without `sgd.lora`). With LoRA dropout, one seed drawn from `rng` first fixes the masks."""
+                    rng: torch.Generator, train_a: bool = True) -> tuple[Factors, Params]:
+        """`sgd.steps` SGD steps on minibatches drawn with replacement; only the blocks (B alone without `train_a`)
+        and the head move (only the head without `sgd.lora`). With LoRA dropout, one seed drawn from `rng` first fixes
+        the masks."""
         lora = self.sgd.lora
         self.load(factors if lora else None, head, scale, base)
-        params = [p for layer in self.layers.values() for p in (layer.B, layer.A)] if lora else []
+        params = [p for layer in self.layers.values() for p in ((layer.B, layer.A) if train_a else (layer.B,))
+                  ] if lora else []
         optimizer = self.sgd.make(params + list(self.head.values()))
         dropout = lora and any(isinstance(layer.dropout, nn.Dropout) for layer in self.layers.values())
         seed = int(torch.randint(2**62, (1,), generator=rng)) if dropout else None  # no draw: runs without it as before
@@ -183,11 +186,12 @@ class TorchLoRAProblem:
 
     def local_train_many(self, jobs: Sequence[LocalJob]) -> list[tuple[Factors, Params]]:
         """`local_train` for many devices as one batched computation (`lora.stacked`): the same steps, batches and
-        results as one device after another, up to rounding. Devices with a dense base of their own (FedStackLoRA)
-        or LoRA dropout (its masks are drawn per device), and problems with a loss of their own, run one after
-        another."""
+        results as one device after another, up to rounding. Devices with dense bases that differ (FedStackLoRA) or
+        LoRA dropout (its masks are drawn per device), and problems with a loss of their own, run one after another;
+        one base shared by every device (FedEx-LoRA's) is loaded once."""
         dropout = self.sgd.lora and any(isinstance(layer.dropout, nn.Dropout) for layer in self.layers.values())
-        if not self.batched or dropout or len(jobs) < 2 or any(job.base is not None for job in jobs):
+        if not self.batched or dropout or len(jobs) < 2 or not _same_base(jobs) or \
+                len({job.train_a for job in jobs}) > 1:
             return [self.local_train(*job) for job in jobs]
         sgd, lora = self.sgd, self.sgd.lora
         rows = [[torch.randint(len(job.data), (min(sgd.batch_size, len(job.data)),), generator=job.rng)
@@ -200,11 +204,12 @@ class TorchLoRAProblem:
         factors = [{n: (self._tensor(B), self._tensor(A)) for n, (B, A) in job.factors.items()} for job in jobs]
         heads = [{m: (self._tensor(job.head[f"{m}.weight"]), self._tensor(job.head[f"{m}.bias"]))
                   for m in self.head_modules} for job in jobs]
-        self.load(None, jobs[0].head, 1.0, None)  # the base weights back to W0
+        self.load(None, jobs[0].head, 1.0, jobs[0].base)  # the base weights: W0, or W0 + the shared base
         with stacked(self.model, factors if lora else None, [job.scale for job in jobs], heads) as stack, \
                 self._training(lora):
             route(self.model, routing(sizes, self.device))
-            optimizer = sgd.make(stack.params)
+            frozen = () if jobs[0].train_a else tuple(n for n in stack.names if n.endswith(".A"))
+            optimizer = sgd.make([p for n, p in zip(stack.names, stack.params, strict=True) if n not in frozen])
             for step in steps:
                 batch = data[step]
                 logits, y = self.model(batch.x.to(self.device)), batch.y.to(self.device)
@@ -286,6 +291,16 @@ class LocalSteps:
         trained = self.problem.local_train_many(list(jobs.values()))
         return {cid: self.reply(messages[cid], job, *out) for (cid, job), out in zip(jobs.items(), trained,
                                                                                       strict=True)}
+
+
+def _same_base(jobs: Sequence[LocalJob]) -> bool:
+    """Whether every job trains on the same dense base (None, or equal arrays per layer)."""
+    first = jobs[0].base
+    if first is None:
+        return all(job.base is None for job in jobs)
+    same = lambda base: base is not None and all(base[n] is b or np.array_equal(base[n], b)  # noqa: E731
+                                                 for n, b in first.items())
+    return all(same(job.base) for job in jobs[1:])
 
 
 def _array(t: Tensor) -> np.ndarray:

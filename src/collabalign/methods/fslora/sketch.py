@@ -17,7 +17,7 @@ from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext
 from collabalign.methods.fslora.common import (
     HEAD,
-    ServerAdam,
+    ServerStep,
     head_arrays,
     head_of,
     lora_scale,
@@ -56,19 +56,22 @@ def densify(values: np.ndarray, index: np.ndarray, shape: tuple[int, ...]) -> np
 
 class SubspaceLoRA(LocalSteps):
     """Global rank-r LoRA; device i trains the rank-k_i block at `indices(...)`; the server adds the mean block
-    update over all participants. `random_blocks` + `rescale` = FSLoRA; prefix blocks, no rescale = HeteroLoRA."""
+    update over all participants. `random_blocks` + `rescale` = FSLoRA; prefix blocks, no rescale = HeteroLoRA;
+    without `train_a` A stays at its random start and only B's update is sent (FFA-LoRA, `ffalora.py`). `server`
+    steps from the averaged proposal instead of taking it (the authors' server Adam or a `federation.server_opt`
+    rule)."""
 
     def __init__(self, problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0,
                  random_blocks: bool = True, rescale: bool = True,
                  download: Literal["full", "submatrix"] = "full", upload_top_k: float | None = None,
-                 server_adam: ServerAdam | None = None):
+                 server: ServerStep | None = None, train_a: bool = True):
         if any(not 1 <= k <= rank for k in ranks.values()):
             raise ValueError(f"every device rank must be in 1..{rank}, got {sorted(set(ranks.values()))}")
         self.problem, self.ranks, self.rank = problem, ranks, rank
         self.scale = lora_scale(alpha, rank)
         self.random_blocks, self.rescale = random_blocks, rescale
         self.download, self.upload_top_k = download, upload_top_k
-        self.server_adam = server_adam
+        self.server, self.train_a = server, train_a
 
     def init(self, seeds: Seeds) -> State:
         """B = 0, A ~ PEFT's uniform init, drawn once by the server; a fresh head; the seed of the sketches."""
@@ -110,12 +113,13 @@ class SubspaceLoRA(LocalSteps):
                 B, A = B[:, idx], A[idx]
             blocks[name] = (B, A)
         scale = self.scale * (self.rank / k if self.rescale else 1.0)
-        return LocalJob(blocks, head_of(message), scale, None, client.data, client.torch_rng)
+        return LocalJob(blocks, head_of(message), scale, None, client.data, client.torch_rng, self.train_a)
 
     def reply(self, message: Message, job: LocalJob, trained: Factors, head: Params) -> Message:
         upload, k = {}, message.meta["k"]
         for name, (B, A) in job.factors.items():
-            for key, delta in ((f"{name}.dB", trained[name][0] - B), (f"{name}.dA", trained[name][1] - A)):
+            for key, delta in ((f"{name}.dB", trained[name][0] - B), (f"{name}.dA", trained[name][1] - A))[
+                    :2 if self.train_a else 1]:
                 if self.upload_top_k is None:
                     upload[key] = delta
                 else:
@@ -127,7 +131,7 @@ class SubspaceLoRA(LocalSteps):
         head, measured from the sent one."""
         k, arrays = message.meta["k"], {}
         for name, (m, n) in self.problem.shapes.items():
-            for key, shape in ((f"{name}.dB", (m, k)), (f"{name}.dA", (k, n))):
+            for key, shape in ((f"{name}.dB", (m, k)), (f"{name}.dA", (k, n)))[:2 if self.train_a else 1]:
                 if self.upload_top_k is None:
                     arrays[key] = (shape, "<f4")
                 else:
@@ -146,13 +150,14 @@ class SubspaceLoRA(LocalSteps):
         for name, (m, n) in self.problem.shapes.items():
             idx = [self.indices(seeds, round_, cid, name) for cid in ids]
             d_b = [self._delta(replies[c], f"{name}.dB", (m, len(i))) for c, i in zip(ids, idx, strict=True)]
-            d_a = [self._delta(replies[c], f"{name}.dA", (len(i), n)) for c, i in zip(ids, idx, strict=True)]
             new[f"{name}.B"] = (state[f"{name}.B"] + scatter_mean((m, self.rank), 1, d_b, idx, len(ids))).astype(
                 np.float32)
-            new[f"{name}.A"] = (state[f"{name}.A"] + scatter_mean((self.rank, n), 0, d_a, idx, len(ids))).astype(
-                np.float32)
+            if self.train_a:
+                d_a = [self._delta(replies[c], f"{name}.dA", (len(i), n)) for c, i in zip(ids, idx, strict=True)]
+                new[f"{name}.A"] = (state[f"{name}.A"] + scatter_mean((self.rank, n), 0, d_a, idx, len(ids))).astype(
+                    np.float32)
         new |= mean_head([replies[c] for c in ids])
-        return new if self.server_adam is None else self.server_adam.step(state, new)
+        return new if self.server is None else self.server.step(state, new)
 
     def delta_weights(self, state: State) -> dict[str, np.ndarray]:
         """s * B A per layer: the unsketched global update that is evaluated."""
@@ -164,7 +169,7 @@ class SubspaceLoRA(LocalSteps):
 
 def fslora(problem: TorchLoRAProblem, ranks: dict[str, int], rank: int, alpha: float = 1.0,
            download: Literal["full", "submatrix"] = "full", upload_top_k: float | None = None,
-           server_adam: ServerAdam | None = None) -> SubspaceLoRA:
+           server: ServerStep | None = None) -> SubspaceLoRA:
     """FSLoRA: random-k_i sketches with the r/k_i factor; download as in Alg. 1 ("full") or only the block."""
     return SubspaceLoRA(problem, ranks, rank, alpha, download=download, upload_top_k=upload_top_k,
-                        server_adam=server_adam)
+                        server=server)
