@@ -49,6 +49,7 @@ TRAINERS = {
     "affpcl": ("collabalign.methods.affpcl.entry", "AffPCLConfig", "train_affpcl"),
     "affpcl-federated": ("collabalign.methods.affpcl.federated_arrays", "FederatedAffPCLConfig",
                          "train_affpcl_federated"),
+    "fed-tune": ("collabalign.methods.fed_tune", "FedTuneConfig", "train_fed_tune"),
 }
 # one line and exit code 2, never a traceback
 USER_ERRORS = (ArtifactError, CheckpointError, ConfigError, DataError, MessageError, ValidationError)

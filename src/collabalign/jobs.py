@@ -26,6 +26,7 @@ FEDERATED = {
                               "pshare_lora_federated_job", "pairs"),
     "affpcl-federated": ("collabalign.methods.affpcl.federated_arrays", "FederatedAffPCLConfig",
                          "affpcl_federated_job", "agents"),
+    "fed-tune": ("collabalign.methods.fed_tune", "FedTuneConfig", "fed_tune_job", "pairs"),
 }
 EXAMPLE = "example"  # `data: example`: the shipped example file of the method's format
 # method -> {node config key: the config list it sets at the node's client}: what a SuperNode declares about itself

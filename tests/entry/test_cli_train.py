@@ -18,9 +18,11 @@ TINY = {
     "affpcl": ["steps=50"],
     "pshare-lora-federated": ["model=tiny-llama", "rounds=1", "lora.blocks=1", "max_length=32"],
     "affpcl-federated": ["steps=20"],
+    "fed-tune": ["model=tiny-llama", "objective=dpo", "rounds=1", "local_steps=2"],
 }
 DATA = {"fedavg-lora": "pairs", "pshare-lora": "pairs", "meta-reward": "pairs", "firm": "prompts",
-        "fslora": "labelled", "affpcl": "agents", "pshare-lora-federated": "pairs", "affpcl-federated": "agents"}
+        "fslora": "labelled", "affpcl": "agents", "pshare-lora-federated": "pairs", "affpcl-federated": "agents",
+        "fed-tune": "pairs"}
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def test_train_saves_a_run(method, examples, tmp_path):
     assert main(["train", method, *TINY[method], "--data", str(examples[DATA[method]]), "--out", str(out),
                  "--no-progress"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["method"] in (method, "fslora") and manifest["data_hash"]
+    assert manifest["method"] in (method, "fslora", "fed-dpo") and manifest["data_hash"]
 
 
 @pytest.mark.parametrize(("args", "message"), [

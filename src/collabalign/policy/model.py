@@ -12,8 +12,11 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
+from collabalign.config import LoRASection
 from collabalign.lora.inject import inject_lora, lora_parameters
+from collabalign.lora.targets import default_targets
 from collabalign.models.backbones import Backbone
+from collabalign.models.pooled import layer_stack, top_block_targets
 from collabalign.policy.rollout import Rollout
 from collabalign.policy.sampling import sample_next
 
@@ -191,14 +194,17 @@ class Policy(nn.Module):
         return Rollout.build(prompts, prompt_ids, prompt_mask, response, response_mask, texts)
 
     def rollout(self, prompts: list[str], responses: list[str], chat: bool = True, eos: bool = True,
-                max_prompt_tokens: int = 256) -> Rollout:
+                max_prompt_tokens: int = 256, max_response_tokens: int | None = None) -> Rollout:
         """Given responses tokenised after their prompts (for DPO, MLE, scoring); `eos` ends each with EOS, as a
-        finished generation does."""
+        finished generation does. With `max_response_tokens` a longer response is cut there and gets no EOS (it did
+        not finish)."""
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         prompt_ids, prompt_mask = self.encode(prompts, chat, max_prompt_tokens)
         rows = self.tokenizer(list(responses), add_special_tokens=False)["input_ids"]
-        rows = [torch.tensor(r + [self.eos_id] if eos else r, dtype=torch.long) for r in rows]
+        cap = max_response_tokens or 10**9
+        rows = [r + [self.eos_id] if eos else r for r in rows]
+        rows = [torch.tensor(r if len(r) <= cap else r[:cap], dtype=torch.long) for r in rows]
         lengths = torch.tensor([len(r) for r in rows])
         ids = pad_sequence(rows, batch_first=True, padding_value=self.pad_id)
         mask = torch.arange(ids.shape[1])[None, :] < lengths[:, None]
@@ -263,3 +269,11 @@ class Policy(nn.Module):
         """Sample-based KL to the reference, log pi - log pi_ref: per token (B, T) and summed per sequence (B,)."""
         per_token = self.token_logprobs(rollout) - self.token_logprobs(rollout, reference=True)
         return per_token, per_token.sum(1)
+
+
+def lora_targets(backbone: Backbone, lora: LoRASection) -> list[str]:
+    """The architecture's default (or configured) targets, in the top `lora.blocks` blocks when set."""
+    names = default_targets(backbone.model, lora.targets)
+    if lora.blocks is None:
+        return names
+    return top_block_targets(backbone.model, min(lora.blocks, len(layer_stack(backbone.model)[1])), names)

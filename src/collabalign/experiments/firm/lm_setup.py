@@ -18,7 +18,6 @@ from collabalign.data.safety_prompts import SafetyPrompts, safety_prompts
 from collabalign.experiments.firm.common import preference
 from collabalign.experiments.firm.config import Config, LMConfig
 from collabalign.federation import simulate
-from collabalign.methods.firm.entry import lora_targets
 from collabalign.methods.firm.federated import (
     ClientData,
     FederatedPPO,
@@ -28,6 +27,7 @@ from collabalign.methods.firm.federated import (
 )
 from collabalign.models.backbones import load_backbone
 from collabalign.policy import Policy
+from collabalign.policy.model import lora_targets
 from collabalign.seeding import Seeds
 
 

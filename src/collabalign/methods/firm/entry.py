@@ -23,12 +23,11 @@ from collabalign.data.partition import iid
 from collabalign.federation.engine import EngineOptions, SimulationResult
 from collabalign.federation.job import FederatedJob
 from collabalign.lora.peft_io import peft_adapter
-from collabalign.lora.targets import default_targets
 from collabalign.methods.firm.federated import ClientData, FederatedPPO, FederatedRLOO, LambdaRule, Rollouts
 from collabalign.models.backbones import Backbone
-from collabalign.models.pooled import layer_stack, top_block_targets
 from collabalign.models.saved import own_backbone
 from collabalign.policy import Policy, PPOConfig
+from collabalign.policy.model import lora_targets
 from collabalign.seeding import Seeds
 
 Reward = str | Callable[[list[str], list[str]], Sequence[float]]
@@ -134,14 +133,6 @@ def lambda_rule(config: FIRMConfig, m: int) -> LambdaRule:
         return LambdaRule("server", beta=0.0)
     w = np.ones(m) if p is None else np.asarray(p)
     return LambdaRule("fixed", w=tuple(float(x) for x in w / w.sum()))
-
-
-def lora_targets(backbone: Backbone, lora: LoRASection) -> list[str]:
-    """The architecture's default (or configured) targets, in the top `lora.blocks` blocks when set."""
-    names = default_targets(backbone.model, lora.targets)
-    if lora.blocks is None:
-        return names
-    return top_block_targets(backbone.model, min(lora.blocks, len(layer_stack(backbone.model)[1])), names)
 
 
 def train_firm(config: FIRMConfig, data: str | Path | Sequence[str], model: Backbone | str | None = None,
