@@ -4,6 +4,7 @@ ledger.csv, summary.json (claims + metrics) and plots into the run directory."""
 
 EXPERIMENTS: dict[str, str] = {
     "affpcl": "collabalign.experiments.affpcl",
+    "fed-tune": "collabalign.experiments.fed_tune",
     "firm": "collabalign.experiments.firm",
     "fslora": "collabalign.experiments.fslora",
     "meta-reward": "collabalign.experiments.meta_reward",

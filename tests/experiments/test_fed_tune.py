@@ -1,0 +1,51 @@
+"""The federated fine-tuning comparison (experiments/fed_tune) on the example pairs and the tiny Llama: every arm runs
+and is cached, the gate decides before the orderings, and a pilot scores on training pairs only."""
+
+import json
+
+import pytest
+
+from collabalign.examples import write_examples
+from collabalign.experiments import fed_tune
+from collabalign.experiments.fed_tune.comparison import arms, seed_rows
+from collabalign.runs import RunDir
+
+SMALL = {"seeds": [0, 1, 2], "optimizers": {"fedavg": {}, "scaffold": {"rule": "scaffold"}}, "upload_bits": [8],
+         "data": {"source": "jsonl", "split_key": "domain", "max_pairs": 48, "max_prompt_tokens": 64,
+                  "max_response_tokens": 12},
+         "train": {"model": "tiny-llama", "clients": 2, "rounds": 1, "local_steps": 2, "batch_size": 4, "lr": 0.01}}
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory):
+    pairs = write_examples(tmp_path_factory.mktemp("examples"))["pairs"]
+    return fed_tune.Config(**SMALL | {"data": SMALL["data"] | {"path": str(pairs)}})
+
+
+def test_every_arm_runs_and_a_second_run_reads_them_back(config, tmp_path):
+    run = RunDir(tmp_path / "run")
+    fed_tune.run(config, run, progress=False)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    names = [c["name"] for c in summary["claims"]]
+    assert names[:2] == ["federated SFT is learned", "centralised SFT is learned"]
+    assert "federated DPO is learned" in names and "dpo: 8-bit uploads are no worse than float32" in names
+    table = summary["metrics"]["mean_score"]
+    assert set(table) == {"sft", "dpo"} and set(table["sft"]) == set(arms(config))
+    assert table["sft"]["iid/fedavg"] > table["sft"]["base"]  # minus NLL: SFT learns the example replies
+    up = summary["metrics"]["up_bytes_seed0"]["sft"]
+    assert up["iid/fedavg-8bit"] < 0.3 * up["iid/fedavg"] and up["iid/scaffold"] > up["iid/fedavg"]  # + Δc_i
+    cached = sorted(p.name for p in (tmp_path / "run" / "fed_tune_runs").iterdir())
+    assert len(cached) == 2 * 3 * len(arms(config))
+    fed_tune.run(config, RunDir(tmp_path / "run"), progress=False)  # everything cached: the same summary
+    assert json.loads((tmp_path / "run" / "summary.json").read_text())["claims"] == summary["claims"]
+
+
+def test_a_pilot_scores_on_training_pairs_and_never_on_the_test_pairs(config, tmp_path):
+    from collabalign.experiments.fed_tune.comparison import prepare
+    setup = prepare(config, tmp_path / "cache", progress=False)
+    test, clients = seed_rows(config, setup, 0)
+    pilot = config.model_copy(update={"validation": True})
+    scored, pilot_clients = seed_rows(pilot, setup, 0)
+    train = {int(r) for rows in pilot_clients["iid"].values() for r in rows}
+    assert not set(test.tolist()) & (set(scored.tolist()) | train)
+    assert not set(scored.tolist()) & train
