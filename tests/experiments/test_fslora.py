@@ -7,7 +7,7 @@ import pytest
 
 from collabalign.claims import VERDICTS
 from collabalign.cli import CONFIG_DIR, config_path, load_config, main
-from collabalign.experiments.fslora import ablations, e1_comparison, e6_timing, glue, theory
+from collabalign.experiments.fslora import ablations, e1_comparison, e6_timing, glue, theory, variants
 from collabalign.experiments.fslora.runner import Runner
 from collabalign.federation.engine import RoundFailed
 
@@ -15,7 +15,7 @@ from .toy import run_twice
 
 DECLARED = [e1_comparison.BEST_AVERAGE, glue.LEARNED, glue.GLUE_EQUAL_BUDGET, e6_timing.DEVICE_TIME_AS_HETEROLORA,
             e6_timing.CHEAPER_THAN_FLEX_AND_STACK,
-            *ablations.CLAIMS, *theory.CLAIMS]
+            *ablations.CLAIMS, *variants.CLAIMS, *theory.CLAIMS]
 
 TOY = ["seeds=[0]", "synthetic.n_train=200", "synthetic.n_test=200", "federation.devices=5", "federation.min_size=4",
        "federation.rounds=2", "federation.steps=2", "federation.eval_every=1", "ablations.budget_ranks=[8]",
@@ -56,7 +56,8 @@ def test_a_rerun_reads_every_synthetic_run_back_from_the_cache(toy_runs, tmp_pat
     run = tmp_path / "run"
     shutil.copytree(toy_runs[0], run)
     cached = {p.name: p.stat().st_mtime_ns for p in (run / "fslora_synthetic_runs").iterdir()}
-    assert len(cached) == 5 + 2 * 2 + 3 * 2  # E1's five methods; E2 and E2 with many devices, E3-E5: 2 arms each
+    assert len(cached) == 5 + 2 * 2 + 3 * 2 + 4  # E1's five methods; E2 and E2 with many devices, E3-E5: 2 arms
+    # each; the four arms of the variants
     args = ["run", str(config_path("fslora", quick=True)), *TOY, "--out", str(run), "--force"]
     assert main(args) == 0
     assert {p.name: p.stat().st_mtime_ns for p in (run / "fslora_synthetic_runs").iterdir()} == cached
@@ -69,12 +70,13 @@ def test_a_rerun_reads_every_synthetic_run_back_from_the_cache(toy_runs, tmp_pat
 def test_the_quick_config_runs_every_part_so_its_summary_holds_every_claim():
     """The toy run above is the quick config with smaller sizes; the quick config switches no part off."""
     cfg, smoke = load_config(config_path("fslora", quick=True))[2:]
-    assert smoke and cfg.ablations.run and cfg.theory.run and not cfg.glue.tasks and not cfg.commonsense.configured
+    assert smoke and cfg.ablations.run and cfg.variants.run and cfg.theory.run
+    assert not cfg.glue.tasks and not cfg.commonsense.configured
 
 
 def test_main_config_runs_five_seeds():
     cfg = load_config(CONFIG_DIR / "fslora" / "main.yaml")[2]
-    assert cfg.seeds == [0, 1, 2, 3, 4] and cfg.ablations.run and cfg.theory.run
+    assert cfg.seeds == [0, 1, 2, 3, 4] and cfg.ablations.run and cfg.variants.run and cfg.theory.run
 
 
 def test_records_carry_method_round_and_upload(toy_runs):
@@ -110,7 +112,7 @@ def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
     overrides = [f"glue.backbone={tiny}", "glue.device=cpu", "glue.tasks=[RTE]", "glue.budget_task=null",
                  "glue.gate=false", "glue.max_train=24",
                  "glue.lora_blocks=2", "glue.max_length=32", *TOY[:-1], "federation.devices=3",
-                 "federation.min_size=2", "ablations.run=false", "theory.run=false",
+                 "federation.min_size=2", "ablations.run=false", "variants.run=false", "theory.run=false",
                  "glue.federation={rounds: 1, momentum: 0.9}", "--no-progress"]
     assert main(["run", str(path), *overrides, "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -119,7 +121,8 @@ def test_gpu_roberta_config_validates_and_runs_on_a_tiny_stand_in(tmp_path):
     learned = summary["claims"][1]
     assert summary["claims"][0]["measured"]["problems"] == ["synthetic", *glue.learned_tasks(learned, ["RTE"])]
     off = [c for c in summary["claims"] if "not_run" in c["measured"]]
-    assert [c["name"] for c in off] == [c.name for c in (glue.GLUE_EQUAL_BUDGET, *ablations.CLAIMS, *theory.CLAIMS)]
+    assert [c["name"] for c in off] == [c.name for c in (glue.GLUE_EQUAL_BUDGET, *ablations.CLAIMS, *variants.CLAIMS,
+                                                         *theory.CLAIMS)]
     assert {c["verdict"] for c in off} == {"inconclusive"}
     records = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     glue_runs = [r for r in records if r.get("problem") == "RTE" and r["experiment"] == "E1"]

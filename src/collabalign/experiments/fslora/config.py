@@ -150,6 +150,10 @@ class AblationConfig(Strict):
         return self
 
 
+class VariantsConfig(Strict):
+    run: bool = True  # FFA-LoRA, FedSA-LoRA and FedEx-LoRA against Federated LoRA at equal upload bytes (variants.py)
+
+
 class TheoryConfig(Strict):
     run: bool = True
     rate_rounds: Grid[PositiveInt] = [50, 100, 200, 400, 800]
@@ -165,6 +169,7 @@ class Config(Strict):
     federation: FederationConfig = FederationConfig()
     engine: EngineOptions = EngineOptions()  # fault handling and the engine (simulator or Flower) of every run
     ablations: AblationConfig = AblationConfig()
+    variants: VariantsConfig = VariantsConfig()
     theory: TheoryConfig = TheoryConfig()
     timing_reps: PositiveInt = 5  # E6: interleaved repetitions of 2 rounds per method
 

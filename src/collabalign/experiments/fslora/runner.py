@@ -181,11 +181,12 @@ class Runner:
         method = algorithm(arm, problem, ranks, self.fed)
         result = simulate(method, clients, arm.rounds, seed, eval_every=self.fed.eval_every, options=self.engine,
                           progress=self.progress, label=label)
-        delta = method.delta_weights(result.state)
-        without = problem.evaluate({n: np.zeros_like(d) for n, d in delta.items()}, head_of(result.state))
-        result.metrics[-1]["score_without_lora"] = headline(without)  # the trained head alone
-        result.metrics[-1]["delta_w_rel_norm"] = float(np.mean([np.linalg.norm(d) / float(torch.linalg.norm(
-            problem.w0[n])) for n, d in delta.items()]))  # mean over adapted layers of ||Delta W|| / ||W0||
+        if not isinstance(method, FedSALoRA):  # FedSA-LoRA has no global model: its metrics are the devices' own
+            delta = method.delta_weights(result.state)
+            without = problem.evaluate({n: np.zeros_like(d) for n, d in delta.items()}, head_of(result.state))
+            result.metrics[-1]["score_without_lora"] = headline(without)  # the trained head alone
+            result.metrics[-1]["delta_w_rel_norm"] = float(np.mean([np.linalg.norm(d) / float(torch.linalg.norm(
+                problem.w0[n])) for n, d in delta.items()]))  # mean over adapted layers of ||Delta W|| / ||W0||
         uploaded = result.ledger.per_round()
         cumulative = np.cumsum([uploaded[t]["up"] for t in sorted(uploaded)]) / len(clients) / 1e6
         records = []
