@@ -49,3 +49,24 @@ def test_a_pilot_scores_on_training_pairs_and_never_on_the_test_pairs(config, tm
     train = {int(r) for rows in pilot_clients["iid"].values() for r in rows}
     assert not set(test.tolist()) & (set(scored.tolist()) | train)
     assert not set(scored.tolist()) & train
+
+
+def test_main_and_gpu_configs_validate_and_the_gpu_config_runs_on_a_tiny_stand_in(tmp_path):
+    from collabalign.cli import CONFIG_DIR, load_config, main
+    from collabalign.models.backbones import tiny_llama
+
+    main_cfg = load_config(CONFIG_DIR / "fed_tune" / "main.yaml")[2]
+    assert main_cfg.seeds == [0, 1, 2, 3, 4] and len(main_cfg.optimizers) == 7 and main_cfg.upload_bits == [8, 4]
+    assert not main_cfg.validation and main_cfg.objectives == ["sft", "dpo"]
+    stand_in = tiny_llama(seed=3)
+    stand_in.model.save_pretrained(tmp_path / "policy")
+    stand_in.tokenizer.save_pretrained(tmp_path / "policy")
+    pairs = write_examples(tmp_path / "examples")["pairs"]
+    args = ["run", str(CONFIG_DIR / "fed_tune" / "gpu_qwen.yaml"), f"train.model={tmp_path / 'policy'}",
+            "train.device=cpu", "train.clients=2", "train.rounds=1", "train.local_steps=1", "train.batch_size=4",
+            "seeds=[0, 1, 2]", "objectives=[dpo]", "optimizers={fedavg: {}}", "upload_bits=[]",
+            f"data={{source: jsonl, path: {pairs}, split_key: domain, max_pairs: 24, max_response_tokens: 8}}",
+            "--out", str(tmp_path / "run"), "--no-progress"]
+    assert main(args) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["claims"][0]["name"] == "federated DPO is learned"
