@@ -104,8 +104,8 @@ def prepare(cfg: Config, cache: Path, progress: bool) -> Setup:
         raise DataError(pairs.source, None, data.split_key, "a Dirichlet split needs every pair's "
                         f"{data.split_key!r}; pair {labels.index(None)} has none")
     objective = "dpo" if "dpo" in cfg.objectives else "sft"
-    key = fingerprint({"data": data.model_dump(mode="json"), "train": cfg.train.model_dump(mode="json"),
-                       "objective": objective, "pairs": len(kept)})
+    key = fingerprint({"data": data.model_dump(mode="json", exclude={"test_fraction", "split_key"}),
+                       "model": train.model, "targets": train.targets, "objective": objective, "pairs": len(kept)})
     path = cache / f"pairs-{key[:16]}.pt"
     if path.exists():
         encoded = PolicyPairs(**torch.load(path, weights_only=False))
