@@ -114,7 +114,8 @@ def prepare(cfg: Config, cache: Path, progress: bool) -> Setup:
             print(f"fed-tune: encoding {len(kept)} pairs once ({objective})", file=sys.stderr)
         encoded = encode_policy_pairs(policy, kept, objective, data.max_prompt_tokens, data.max_response_tokens)
         path.parent.mkdir(parents=True, exist_ok=True)
-        torch.save(vars(encoded), path)
+        torch.save(vars(encoded), path.with_suffix(".part"))
+        path.with_suffix(".part").replace(path)  # whole or absent: a killed run never leaves half a file
     return Setup(policy, PreferenceSet(kept, pairs.dropped, pairs.source), np.array(labels), encoded,
                  len(pairs.pairs) - len(fits))
 
