@@ -57,7 +57,7 @@ def test_main_and_gpu_configs_validate_and_the_gpu_config_runs_on_a_tiny_stand_i
 
     main_cfg = load_config(CONFIG_DIR / "fed_tune" / "main.yaml")[2]
     assert main_cfg.seeds == [0, 1, 2, 3, 4] and len(main_cfg.optimizers) == 7 and main_cfg.upload_bits == [8, 4]
-    assert not main_cfg.validation and main_cfg.objectives == ["sft", "dpo"]
+    assert not main_cfg.validation and main_cfg.objectives == ["sft"] and main_cfg.train.lr == 0.01
     stand_in = tiny_llama(seed=3)
     stand_in.model.save_pretrained(tmp_path / "policy")
     stand_in.tokenizer.save_pretrained(tmp_path / "policy")

@@ -104,9 +104,8 @@ def prepare(cfg: Config, cache: Path, progress: bool) -> Setup:
         raise DataError(pairs.source, None, data.split_key, "a Dirichlet split needs every pair's "
                         f"{data.split_key!r}; pair {labels.index(None)} has none")
     objective = "dpo" if "dpo" in cfg.objectives else "sft"
-    key = fingerprint({"data": data.model_dump(mode="json", exclude={"test_fraction", "split_key"}),
-                       "model": train.model, "targets": train.targets, "objective": objective, "pairs": len(kept)})
-    path = cache / f"pairs-{key[:16]}.pt"
+    paths = {o: cache / f"pairs-{encoding_key(cfg, o, len(kept))[:16]}.pt" for o in ("sft", "dpo")}
+    path = paths["dpo"] if paths["dpo"].exists() else paths[objective]  # DPO's encoding holds SFT's
     if path.exists():
         encoded = PolicyPairs(**torch.load(path, weights_only=False))
     else:
@@ -118,6 +117,13 @@ def prepare(cfg: Config, cache: Path, progress: bool) -> Setup:
         path.with_suffix(".part").replace(path)  # whole or absent: a killed run never leaves half a file
     return Setup(policy, PreferenceSet(kept, pairs.dropped, pairs.source), np.array(labels), encoded,
                  len(pairs.pairs) - len(fits))
+
+
+def encoding_key(cfg: Config, objective: str, pairs: int) -> str:
+    """What changes the encoding: the data's cuts, the model and its adapted layers, the objective, the pairs."""
+    return fingerprint({"data": cfg.data.model_dump(mode="json", exclude={"test_fraction", "split_key"}),
+                        "model": cfg.train.model, "targets": cfg.train.targets, "objective": objective,
+                        "pairs": pairs})
 
 
 def seed_rows(cfg: Config, setup: Setup, seed: int) -> tuple[np.ndarray, dict[str, dict[str, np.ndarray]]]:
