@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from collabalign.claims import Claim, non_inferiority, not_run, superiority
+from collabalign.claims import Claim, confirmed, non_inferiority, not_run, superiority
 from collabalign.data import PreferenceSet, dirichlet, iid, load_hh_rlhf, shared_data_dir
 from collabalign.data.errors import DataError
 from collabalign.data.formats import load_pairs
@@ -232,7 +232,7 @@ def decide(cfg: Config, objective: str, per: dict[str, np.ndarray], results: dic
                 for claim, arm in ((fed_gate, "iid/fedavg"), (central_gate, "centralised"))]
     rankings = ranking_claims(objective, list(cfg.optimizers))
     later = [*rankings.values()] + [quantised_claim(objective, b) for b in cfg.upload_bits]
-    if gate[0]["verdict"] != "reproduced":
+    if not confirmed(gate[0]):
         return gate + [not_run(c, f"federated {objective.upper()} is not shown learned (the gate)") for c in later]
     fedavg_d = per["dirichlet/fedavg"]
     out = gate + [rankings["heterogeneity"].decide(per["iid/fedavg"], fedavg_d)]
