@@ -100,7 +100,6 @@ def fed_tune_job(config: FedTuneConfig, data: str | Path | PreferenceSet,
     algorithm = fedavg(trainer, config.aggregation, config.server_optimizer, clients=len(clients))
 
     def finish(sim: SimulationResult) -> Result:
-        policy.load_adapter_state(algorithm.params(sim.state))
         metrics = {"rounds": sim.metrics, "clients": len(clients), "client_pairs": [len(p) for p in parts],
                    "train_pairs": len(train_rows), "test_pairs": n_test,
                    "long_prompts_left_out": len(pairs) - len(kept), "bytes": sim.ledger.total()}
@@ -109,7 +108,7 @@ def fed_tune_job(config: FedTuneConfig, data: str | Path | PreferenceSet,
             metrics["base"] = trainer.evaluate(trainer.initial_params(seeds))  # the reference, adapters at zero
             if config.objective == "dpo":
                 metrics["base_accuracy"] = base_ranking_accuracy(test)
-            policy.load_adapter_state(algorithm.params(sim.state))
+        policy.load_adapter_state(algorithm.params(sim.state))  # the trained policy, saved and returned
         adapter = Adapter(*peft_adapter(policy.model, None, "", name, task_type="CAUSAL_LM"))
         return Result(f"fed-{config.objective}", "policy", name, config.model_dump(), data_hash, metrics,
                       {"policy": adapter}, max_length=config.max_prompt_tokens + config.max_response_tokens,

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from collabalign.claims import Claim, confirmed, non_inferiority, not_run, superiority
-from collabalign.data import PreferenceSet, dirichlet, iid, load_hh_rlhf, shared_data_dir
+from collabalign.data import PreferenceSet, attribute_labels, dirichlet, iid, load_hh_rlhf, shared_data_dir
 from collabalign.data.errors import DataError
 from collabalign.data.formats import load_pairs
 from collabalign.data.hh_rlhf import HH_FILE
@@ -98,11 +98,8 @@ def prepare(cfg: Config, cache: Path, progress: bool) -> Setup:
     backbone.model.to(train.device)
     policy = Policy(backbone, list(train.targets), train.rank, train.alpha, 0.0)
     fits = [p for p in pairs.pairs if prompt_tokens(policy, p.prompt) <= data.max_prompt_tokens]
-    kept = fits[:data.max_pairs]
-    labels = [p.attributes.get(data.split_key, p.party if data.split_key == "user" else None) for p in kept]
-    if any(label is None for label in labels):
-        raise DataError(pairs.source, None, data.split_key, "a Dirichlet split needs every pair's "
-                        f"{data.split_key!r}; pair {labels.index(None)} has none")
+    kept = PreferenceSet(fits[:data.max_pairs], pairs.dropped, pairs.source)
+    labels = attribute_labels(kept, data.split_key)  # a key some pair lacks: one DataError naming it
     objective = "dpo" if "dpo" in cfg.objectives else "sft"
     paths = {o: cache / f"pairs-{encoding_key(cfg, o, len(kept))[:16]}.pt" for o in ("sft", "dpo")}
     path = paths["dpo"] if paths["dpo"].exists() else paths[objective]  # DPO's encoding holds SFT's
@@ -111,12 +108,12 @@ def prepare(cfg: Config, cache: Path, progress: bool) -> Setup:
     else:
         if progress:
             print(f"fed-tune: encoding {len(kept)} pairs once ({objective})", file=sys.stderr)
-        encoded = encode_policy_pairs(policy, kept, objective, data.max_prompt_tokens, data.max_response_tokens)
+        encoded = encode_policy_pairs(policy, kept.pairs, objective, data.max_prompt_tokens,
+                                      data.max_response_tokens)
         path.parent.mkdir(parents=True, exist_ok=True)
         torch.save(vars(encoded), path.with_suffix(".part"))
         path.with_suffix(".part").replace(path)  # whole or absent: a killed run never leaves half a file
-    return Setup(policy, PreferenceSet(kept, pairs.dropped, pairs.source), np.array(labels), encoded,
-                 len(pairs.pairs) - len(fits))
+    return Setup(policy, kept, np.array(labels), encoded, len(pairs.pairs) - len(fits))
 
 
 def encoding_key(cfg: Config, objective: str, pairs: int) -> str:
