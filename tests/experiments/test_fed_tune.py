@@ -34,10 +34,18 @@ def test_every_arm_runs_and_a_second_run_reads_them_back(config, tmp_path):
     assert table["sft"]["iid/fedavg"] > table["sft"]["base"]  # minus NLL: SFT learns the example replies
     up = summary["metrics"]["up_bytes_seed0"]["sft"]
     assert up["iid/fedavg-8bit"] < 0.3 * up["iid/fedavg"] and up["iid/scaffold"] > up["iid/fedavg"]  # + Δc_i
+    assert sorted(p.name for p in (tmp_path / "run" / "plots").glob("*_scores.png")) == ["dpo_scores.png",
+                                                                                         "sft_scores.png"]
     cached = sorted(p.name for p in (tmp_path / "run" / "fed_tune_runs").iterdir())
     assert len(cached) == 2 * 3 * len(arms(config))
     fed_tune.run(config, RunDir(tmp_path / "run"), progress=False)  # everything cached: the same summary
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["claims"] == summary["claims"]
+
+
+def test_others_off_the_iid_split_leave_only_fedavg_there(config):
+    lean = arms(config.model_copy(update={"others_on_iid": False}))
+    assert "iid/scaffold" not in lean and {"iid/fedavg", "dirichlet/scaffold", "iid/fedavg-8bit"} <= set(lean)
+    assert set(arms(config)) - set(lean) == {"iid/scaffold"}
 
 
 def test_a_pilot_scores_on_training_pairs_and_never_on_the_test_pairs(config, tmp_path):

@@ -12,7 +12,7 @@ from collabalign.data.errors import DataError
 from collabalign.data.preferences import PreferencePair
 from collabalign.examples import write_examples
 from collabalign.methods.fed_tune import FedTuneConfig, split_clients, train_fed_tune
-from collabalign.methods.policy_trainer import PolicyTrainer, encode_policy_pairs
+from collabalign.methods.policy_trainer import PolicyTrainer, base_ranking_accuracy, encode_policy_pairs
 from collabalign.models.backbones import tiny_llama
 from collabalign.policy.model import Policy
 from collabalign.policy.saved import saved_policy
@@ -55,9 +55,14 @@ def test_dpo_starts_at_log_2_with_the_adapters_off_model_as_reference():
     np.testing.assert_allclose(pairs.ref_chosen.numpy(), chosen.numpy(), rtol=1e-5)
     trainer = PolicyTrainer(pol, "dpo", pairs, lr=1e-2, steps=20, batch_size=4, beta=0.5)
     start = trainer.initial_params(Seeds(0))
-    assert trainer.evaluate(start) == {"accuracy": 0.5, "loss": pytest.approx(np.log(2), rel=1e-6)}
+    assert trainer.evaluate(start) == {"accuracy": 0.5, "loss": pytest.approx(np.log(2), rel=1e-6),
+                                       "ranking": base_ranking_accuracy(pairs)}  # the untrained policy is the base
     trained, n = trainer.train(start, pairs, torch.Generator().manual_seed(0))
-    assert n == len(PAIRS) and trainer.evaluate(trained)["loss"] < np.log(2)  # it fits its own pairs
+    metrics = trainer.evaluate(trained)
+    assert n == len(PAIRS) and metrics["loss"] < np.log(2)  # it fits its own pairs
+    with torch.no_grad():  # its own ranking: the trained policy's log-prob sums, chosen against rejected
+        own = (pol.token_logprobs(pairs.chosen).sum(1) - pol.token_logprobs(pairs.rejected).sum(1)).numpy()
+    assert metrics["ranking"] == pytest.approx(float(np.mean((own > 0) + 0.5 * (own == 0))))
 
 
 def test_a_long_prompt_is_named():

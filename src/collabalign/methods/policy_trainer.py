@@ -112,7 +112,8 @@ def _join(pieces: list[Rollout], pad_id: int) -> Rollout:
 class PolicyTrainer:
     """`steps` AdamW steps (fresh each call) on minibatches of `batch_size` pairs drawn without replacement, epoch
     after epoch, on the SFT or DPO loss; only the LoRA factors train. `evaluate`: SFT's held-out NLL per token, or DPO's
-    held-out preference accuracy (implicit reward margin above 0; ties count half) and loss."""
+    held-out preference accuracy (implicit reward margin above 0; ties count half), its own ranking's accuracy (the
+    chosen reply's log-prob sum above the rejected's, as `base_ranking_accuracy` scores the base model) and loss."""
 
     def __init__(self, policy: Policy, objective: Objective, test: PolicyPairs, lr: float, steps: int,
                  batch_size: int, beta: float = 0.1, eval_batch_size: int = 32):
@@ -170,12 +171,17 @@ class PolicyTrainer:
         if self.objective == "sft":
             tokens = self.test.chosen.mask.sum(1).clamp(min=1).double()
             return {"nll": float((scores.double() * tokens).sum() / tokens.sum())}
-        accuracy = float(((scores > 0).double() + 0.5 * (scores == 0).double()).mean())
-        return {"accuracy": accuracy, "loss": float(-torch.nn.functional.logsigmoid(scores).mean())}
+        ranking = _above_zero(self.test.ref_chosen - self.test.ref_rejected + scores / self.beta)
+        return {"accuracy": _above_zero(scores), "ranking": ranking,
+                "loss": float(-torch.nn.functional.logsigmoid(scores).mean())}
 
 
 def base_ranking_accuracy(pairs: PolicyPairs) -> float:
     """How often the reference (base) model gives the chosen reply the higher log-prob sum (ties count half): the
-    base model's own preference accuracy, which DPO's is compared with."""
-    diff = pairs.ref_chosen - pairs.ref_rejected
+    base model's own preference accuracy, which the trained policy's `ranking` is compared with."""
+    return _above_zero(pairs.ref_chosen - pairs.ref_rejected)
+
+
+def _above_zero(diff: Tensor) -> float:
+    """The share of entries above 0, ties counting half."""
     return float(((diff > 0).double() + 0.5 * (diff == 0).double()).mean())

@@ -22,6 +22,7 @@ from collabalign.data.errors import DataError
 from collabalign.data.formats import load_pairs
 from collabalign.data.hh_rlhf import HH_FILE
 from collabalign.experiments.fed_tune.config import Config
+from collabalign.experiments.fed_tune.plots import plot_scores
 from collabalign.federation import simulate
 from collabalign.federation.aggregation import Aggregation
 from collabalign.methods.fed_tune import prompt_tokens
@@ -173,7 +174,8 @@ def run_arm(cfg: Config, setup: Setup, objective: str, seed: int, arm: str) -> d
 
 
 def arms(cfg: Config) -> list[str]:
-    return (["base", "centralised"] + [f"{s}/{r}" for s in SPLITS for r in cfg.optimizers]
+    return (["base", "centralised"] + [f"{s}/{r}" for s in SPLITS for r in cfg.optimizers
+                                       if s == "dirichlet" or r == "fedavg" or cfg.others_on_iid]
             + [f"iid/fedavg-{b}bit" for b in cfg.upload_bits])
 
 
@@ -185,7 +187,8 @@ def score(objective: str, metrics: dict) -> float:
 def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part:
     """Every arm of every objective and seed (cached), then the gate and, where it holds, the orderings."""
     setup = prepare(cfg, cache_dir() / "fed_tune", progress)
-    settings = {"cfg": cfg.model_dump(mode="json", exclude={"seeds", "objectives"}), "pairs": len(setup.labels)}
+    which = {"seeds", "objectives", "others_on_iid"}  # which arms run, not what any arm computes
+    settings = {"cfg": cfg.model_dump(mode="json", exclude=which), "pairs": len(setup.labels)}
     results, records = {}, []
     for objective in cfg.objectives:
         for seed in cfg.seeds:
@@ -201,6 +204,8 @@ def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part
     for objective in cfg.objectives:
         per = {arm: np.array([score(objective, results[objective, arm, s]) for s in cfg.seeds]) for arm in arms(cfg)}
         table[objective] = {arm: round(float(v.mean()), 4) for arm, v in per.items()}
+        plot_scores(run_dir.path / "plots" / f"{objective}_scores.png", per, list(cfg.optimizers), cfg.upload_bits,
+                    SCORE[objective], f"{objective.upper()}: {len(cfg.seeds)} seeds, mean and sd")
         claims += decide(cfg, objective, per, results)
     metrics = {"mean_score": table, "pairs": len(setup.labels), "long_prompts_left_out": setup.left_out,
                "scored": "validation slice of the training pairs" if cfg.validation else "test pairs",
