@@ -60,7 +60,7 @@ class Config(Strict):
     dirichlet_alpha: PositiveFloat = 0.1  # the heterogeneous split, beside the iid one
     optimizers: dict[str, ServerOptimizer] = Field(default_factory=default_optimizers)
     upload_bits: Distinct[Literal[4, 8]] = [8, 4]  # FedAvg with quantised uploads, on the iid split (none: [])
-    others_on_iid: bool = True  # the other optimisers on the iid split too (the orderings use only their Dirichlet runs)
+    others_on_iid: bool = True  # the other optimisers on the iid split too (the orderings use only Dirichlet runs)
     validation: bool = False  # a pilot: score on a held-out slice of the training pairs; the test pairs stay unseen
     data: DataConfig = DataConfig()
     train: TrainConfig = TrainConfig()
