@@ -32,6 +32,8 @@ def test_every_arm_runs_and_a_second_run_reads_them_back(config, tmp_path):
     table = summary["metrics"]["mean_score"]
     assert set(table) == {"sft", "dpo"} and set(table["sft"]) == set(arms(config))
     assert table["sft"]["iid/fedavg"] > table["sft"]["base"]  # minus NLL: SFT learns the example replies
+    ranking = summary["metrics"]["dpo_own_ranking"]  # the trained policy's own log-prob ranking, per arm
+    assert set(ranking) == set(arms(config)) and all(0 <= v <= 1 for v in ranking.values())
     up = summary["metrics"]["up_bytes_seed0"]["sft"]
     assert up["iid/fedavg-8bit"] < 0.3 * up["iid/fedavg"] and up["iid/scaffold"] > up["iid/fedavg"]  # + Δc_i
     assert sorted(p.name for p in (tmp_path / "run" / "plots").glob("*_scores.png")) == ["dpo_scores.png",

@@ -209,6 +209,8 @@ def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part
         claims += decide(cfg, objective, per, results)
     metrics = {"mean_score": table, "pairs": len(setup.labels), "long_prompts_left_out": setup.left_out,
                "scored": "validation slice of the training pairs" if cfg.validation else "test pairs",
+               "dpo_own_ranking": {a: round(float(np.mean([results["dpo", a, s]["ranking"] for s in cfg.seeds])), 4)
+                                   for a in arms(cfg)} if "dpo" in cfg.objectives else None,
                "up_bytes_seed0": {o: {a: results[o, a, cfg.seeds[0]].get("up_bytes") for a in arms(cfg)}
                                   for o in cfg.objectives},
                "seconds": {f"{o}/{a}": round(float(np.sum([results[o, a, s].get("seconds", 0) for s in cfg.seeds])), 1)
