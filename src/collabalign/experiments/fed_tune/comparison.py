@@ -27,7 +27,7 @@ from collabalign.federation import simulate
 from collabalign.federation.aggregation import Aggregation
 from collabalign.methods.fed_tune import prompt_tokens
 from collabalign.methods.fedavg import fedavg
-from collabalign.methods.policy_trainer import PolicyPairs, PolicyTrainer, base_ranking_accuracy, encode_policy_pairs
+from collabalign.methods.policy_trainer import PolicyPairs, PolicyTrainer, encode_policy_pairs
 from collabalign.models.backbones import cache_dir, load_backbone
 from collabalign.policy.model import Policy
 from collabalign.runs import Part, RunDir, cached_json, fingerprint
@@ -156,10 +156,7 @@ def run_arm(cfg: Config, setup: Setup, objective: str, seed: int, arm: str) -> d
     steps = train.local_steps * (train.clients if arm == "centralised" else 1)
     trainer = PolicyTrainer(setup.policy, objective, pairs[scored], train.lr, steps, train.batch_size, train.beta)
     if arm == "base":
-        out = trainer.evaluate(trainer.initial_params(Seeds(seed)))
-        if objective == "dpo":
-            out["base_accuracy"] = base_ranking_accuracy(pairs[scored])
-        return out
+        return trainer.evaluate(trainer.initial_params(Seeds(seed)))  # DPO: `ranking` is the base model's own
     split, _, rule = arm.partition("/")
     bits = int(rule.split("-")[1].removesuffix("bit")) if rule.startswith("fedavg-") else None
     opt = cfg.optimizers["fedavg" if bits else rule or "fedavg"]
@@ -231,7 +228,7 @@ def decide(cfg: Config, objective: str, per: dict[str, np.ndarray], results: dic
     if objective == "sft":
         gate = [fed_gate.decide(per["iid/fedavg"], base), central_gate.decide(per["centralised"], base)]
     else:
-        ranking = 100 * np.array([results[objective, "base", s]["base_accuracy"] for s in cfg.seeds])
+        ranking = 100 * np.array([results[objective, "base", s]["ranking"] for s in cfg.seeds])
         gate = [claim.decide_cells({"chance": (per[arm], 50.0), "base ranking": (per[arm], ranking)})
                 for claim, arm in ((fed_gate, "iid/fedavg"), (central_gate, "centralised"))]
     rankings = ranking_claims(objective, list(cfg.optimizers))
