@@ -201,8 +201,10 @@ def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part
     for objective in cfg.objectives:
         per = {arm: np.array([score(objective, results[objective, arm, s]) for s in cfg.seeds]) for arm in arms(cfg)}
         table[objective] = {arm: round(float(v.mean()), 4) for arm, v in per.items()}
+        ranking = [100 * results[objective, "base", s]["ranking"] for s in cfg.seeds] if objective == "dpo" else None
         plot_scores(run_dir.path / "plots" / f"{objective}_scores.png", per, list(cfg.optimizers), cfg.upload_bits,
-                    SCORE[objective], f"{objective.upper()}: {len(cfg.seeds)} seeds, mean and sd")
+                    SCORE[objective], f"{objective.upper()}: {len(cfg.seeds)} seeds, mean and sd",
+                    None if ranking is None else float(np.mean(ranking)))
         claims += decide(cfg, objective, per, results)
     metrics = {"mean_score": table, "pairs": len(setup.labels), "long_prompts_left_out": setup.left_out,
                "scored": "validation slice of the training pairs" if cfg.validation else "test pairs",
