@@ -4,7 +4,7 @@
 # scratch folder under runs/ (its report is discarded) whose cache folder links to the shared one, so pieces
 # can run side by side, one per core, and across sessions.
 # usage: results/compute.sh fslora-synthetic | fslora-glue TASK... | pshare-synthetic | pshare-bandit-federated |
-#        pshare-text SOURCE... | firm-lm ARM...
+#        pshare-text SOURCE... | firm-lm ARM... | meta-reward DOMAIN...
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 MPLBACKEND=Agg PATH="$PWD/.venv/bin:$PATH"
@@ -52,7 +52,12 @@ case $what in
         arms=$(IFS=,; echo "$*")
         piece "firm-lm-${1//\//_}" firm-main lm_runs -- firm/main solver.run=false quadratic.run=false \
             momdp.run=false toy.run=false "lm.only=[$arms]" ;;
+    meta-reward)  # the sentiment cells of the named held-out domains, every seed (the trunk-state cache shared)
+        for domain in "$@"; do
+            piece "meta-reward-$domain" meta-reward-main meta_reward_cells meta_reward_cache -- meta_reward/main \
+                bandit.run=false "sentiment.held_out=[$domain]"
+        done ;;
     *) echo "usage: $0 fslora-synthetic | fslora-glue TASK... | pshare-synthetic | pshare-bandit-federated |" \
-            "pshare-text SOURCE... | firm-lm ARM..." >&2
+            "pshare-text SOURCE... | firm-lm ARM... | meta-reward DOMAIN..." >&2
        exit 2 ;;
 esac
