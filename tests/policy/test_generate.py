@@ -88,3 +88,27 @@ def test_per_row_temperatures_sample_each_row_as_its_own_temperature_would(make_
     assert low.responses[:2] == greedy.responses
     with pytest.raises(ValueError, match="temperature"):
         policy.generate(prompts, 6, generator=torch.Generator(), temperature=torch.tensor([1.0, 0.0, 1.0, 1.0]))
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_a_repeated_prompt_is_read_once_and_each_of_its_rows_continues_its_own_prompt(make_policy, make_gpt2_policy,
+                                                                                      arch):
+    """Rows of a repeated prompt share one read of it (its cache copied to each row): greedy rows equal a full forward's
+    argmax over the generated text, and sampled rows of one prompt still differ from each other."""
+    policy = make_policy(gain=4.0) if arch == "llama" else make_gpt2_policy()
+    prompts = ["Hi", "Tell me a story", "Hi", "Hi", "Tell me a story"]
+    rows_read = []
+    hook = policy.model.register_forward_pre_hook(lambda _, args, kwargs: rows_read.append(len(kwargs["input_ids"])),
+                                                  with_kwargs=True)
+    greedy = policy.generate(prompts, 6, generator=seeded(0), temperature=0)
+    hook.remove()
+    assert rows_read == [2] + [5] * 5  # the prompts once each, then every row a token at a time
+    alone = policy.generate(["Tell me a story", "Hi"], 6, generator=seeded(0), temperature=0)
+    assert greedy.responses == [alone.responses[i] for i in (1, 0, 1, 1, 0)]
+    with torch.no_grad():
+        mask = greedy.attention_mask
+        logits = policy.model(input_ids=greedy.input_ids, attention_mask=mask,
+                              position_ids=(mask.cumsum(-1) - 1).clamp(min=0)).logits
+    assert torch.equal(logits[:, greedy.prompt_len - 1:-1].argmax(-1), greedy.input_ids[:, greedy.prompt_len:])
+    sampled = policy.generate(prompts, 6, generator=seeded(1), temperature=2.0)
+    assert len({sampled.responses[i] for i in (0, 2, 3)}) > 1

@@ -21,6 +21,13 @@ from collabalign.policy.rollout import Rollout
 from collabalign.policy.sampling import sample_next
 
 
+def shared_reads(prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """For a batch that repeats a prompt: the first row of each distinct prompt, and each row's index among those;
+    None when every prompt is distinct."""
+    first, row_of = np.unique(np.array(prompts, dtype=object), return_index=True, return_inverse=True)[1:]
+    return None if len(first) == len(prompts) else (first, row_of.reshape(-1))
+
+
 def positions(attention_mask: Tensor) -> Tensor:
     """Position ids that start at 0 on each row's first real token, so left padding changes nothing."""
     return (attention_mask.cumsum(-1) - 1).clamp(min=0)
@@ -162,7 +169,8 @@ class Policy(nn.Module):
                  temperature: float | Tensor = 1.0, top_p: float = 1.0, chat: bool = True,
                  max_prompt_tokens: int = 256) -> Rollout:
         """Batched sampling with a KV cache, deterministic under `generator`; each row stops at EOS (kept) and is
-        padded after. temperature 0 is greedy; a (B,) tensor of positive temperatures gives each row its own."""
+        padded after. temperature 0 is greedy; a (B,) tensor of positive temperatures gives each row its own. A prompt
+        repeated in the batch (several samples per prompt) is read once: its cache is copied to each of its rows."""
         if isinstance(temperature, Tensor):
             bad_t = temperature.shape != (len(prompts),) or not bool((temperature > 0).all())
         else:
@@ -172,12 +180,19 @@ class Policy(nn.Module):
                              f"got {max_new_tokens}, {temperature}, {top_p}")
         prompt_ids, prompt_mask = self.encode(prompts, chat, max_prompt_tokens)
         mask, pos = prompt_mask, positions(prompt_mask)
-        out = self.model(input_ids=prompt_ids, attention_mask=mask, position_ids=pos, use_cache=True,
-                         logits_to_keep=1)
+        shared = shared_reads(prompts)
+        read = slice(None) if shared is None else torch.as_tensor(shared[0], device=self.device)
+        out = self.model(input_ids=prompt_ids[read], attention_mask=mask[read], position_ids=pos[read],
+                         use_cache=True, logits_to_keep=1)
+        logits = out.logits[:, -1]
+        if shared is not None:  # each row takes its prompt's cache and next-token logits
+            rows = torch.as_tensor(shared[1], device=self.device)
+            out.past_key_values.batch_select_indices(rows)
+            logits = logits[rows]
         alive = torch.ones(len(prompts), dtype=torch.bool, device=self.device)
         tokens, emitted = [], []
         for step in range(max_new_tokens):
-            token = sample_next(out.logits[:, -1], temperature, top_p, generator).to(self.device)
+            token = sample_next(logits, temperature, top_p, generator).to(self.device)
             token = token.masked_fill(~alive, self.pad_id)
             tokens.append(token)
             emitted.append(alive)
@@ -188,6 +203,7 @@ class Policy(nn.Module):
             pos = pos[:, -1:] + 1
             out = self.model(input_ids=token[:, None], attention_mask=mask, position_ids=pos,
                              past_key_values=out.past_key_values, use_cache=True)
+            logits = out.logits[:, -1]
         response, response_mask = torch.stack(tokens, 1), torch.stack(emitted, 1)
         texts = self.tokenizer.batch_decode([r[m].tolist() for r, m in zip(response, response_mask, strict=True)],
                                             skip_special_tokens=True)
