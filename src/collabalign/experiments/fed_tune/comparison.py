@@ -201,11 +201,13 @@ def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part
     for objective in cfg.objectives:
         per = {arm: np.array([score(objective, results[objective, arm, s]) for s in cfg.seeds]) for arm in arms(cfg)}
         table[objective] = {arm: round(float(v.mean()), 4) for arm, v in per.items()}
-        ranking = [100 * results[objective, "base", s]["ranking"] for s in cfg.seeds] if objective == "dpo" else None
+        # DPO's second floor: the base model's own log-prob ranking of the pairs, per seed (points)
+        ranking = 100 * np.array([results[objective, "base", s]["ranking"] for s in cfg.seeds]) \
+            if objective == "dpo" else None
         plot_scores(run_dir.path / "plots" / f"{objective}_scores.png", per, list(cfg.optimizers), cfg.upload_bits,
                     SCORE[objective], f"{objective.upper()}: {len(cfg.seeds)} seeds, mean and sd",
-                    None if ranking is None else float(np.mean(ranking)))
-        claims += decide(cfg, objective, per, results)
+                    None if ranking is None else float(ranking.mean()))
+        claims += decide(cfg, objective, per, ranking)
     metrics = {"mean_score": table, "pairs": len(setup.labels), "long_prompts_left_out": setup.left_out,
                "scored": "validation slice of the training pairs" if cfg.validation else "test pairs",
                "dpo_own_ranking": {a: round(float(np.mean([results["dpo", a, s]["ranking"] for s in cfg.seeds])), 4)
@@ -223,14 +225,14 @@ def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part
     return Part(claims, records, metrics, notes)
 
 
-def decide(cfg: Config, objective: str, per: dict[str, np.ndarray], results: dict) -> list[dict]:
-    """The gate, then (only where FedAvg's is reproduced) the orderings and the quantised uploads."""
+def decide(cfg: Config, objective: str, per: dict[str, np.ndarray], ranking: np.ndarray | None) -> list[dict]:
+    """The gate (DPO: also above `ranking`, the base model's own), then (only where FedAvg's is reproduced) the
+    orderings and the quantised uploads."""
     fed_gate, central_gate = gate_claims(objective)
     base = per["base"]
     if objective == "sft":
         gate = [fed_gate.decide(per["iid/fedavg"], base), central_gate.decide(per["centralised"], base)]
     else:
-        ranking = 100 * np.array([results[objective, "base", s]["ranking"] for s in cfg.seeds])
         gate = [claim.decide_cells({"chance": (per[arm], 50.0), "base ranking": (per[arm], ranking)})
                 for claim, arm in ((fed_gate, "iid/fedavg"), (central_gate, "centralised"))]
     rankings = ranking_claims(objective, list(cfg.optimizers))
