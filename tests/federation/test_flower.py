@@ -109,3 +109,32 @@ def test_fedavg_lora_reward_model_on_flower_equals_the_simulator():
     assert flower.ledger.rows == sim.ledger.rows
     lora_bytes = sum(v.nbytes for v in sim.state.values())
     assert all(b > lora_bytes for *_, b in flower.ledger.rows)  # every message carries the whole adapter + head
+
+
+class SlowGrid:
+    """A stand-in Flower grid: message i's reply arrives at its i-th pull (none for `never`); records its pulls."""
+
+    def __init__(self, count: int, never: int | None = None):
+        self.count, self.never, self.pulls = count, never, 0
+
+    def push_messages(self, messages):
+        return [f"m{i}" for i in range(len(messages))]
+
+    def pull_messages(self, ids):
+        from types import SimpleNamespace
+
+        self.pulls += 1
+        ready = [i for i in range(self.count) if i < self.pulls and i != self.never and f"m{i}" in ids]
+        return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=f"m{i}")) for i in ready]
+
+
+def test_round_trip_returns_every_reply_once_or_what_came_before_the_timeout():
+    from collabalign.federation.flower import _round_trip
+
+    grid = SlowGrid(3)
+    replies = _round_trip(grid, [None] * 3)
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m1", "m2"] and grid.pulls == 3
+    grid = SlowGrid(3, never=1)
+    replies = _round_trip(grid, [None] * 3, timeout_s=0.5)
+    assert sorted(r.metadata.reply_to_message_id for r in replies) == ["m0", "m2"]
+    assert 3 <= grid.pulls <= 6  # asked 0.05, 0.1, 0.2, ... s apart: about four times in 0.5 s, not every tick

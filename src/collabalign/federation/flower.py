@@ -71,6 +71,7 @@ from collabalign.runs import atomic_write_bytes
 from collabalign.seeding import Seeds
 
 _STATE = "collabalign.private"  # name of the ConfigRecord in context.state holding the private state
+_POLL_S = (0.05, 1.0)  # the ServerApp asks for replies after 0.05 s, then ever less often, at least once a second
 _NODE_WAIT_S = 120.0
 
 _ACTOR_CACHE: dict[str, Any] = {}  # per Ray actor process: object-store key -> (algorithm, client data)
@@ -209,7 +210,23 @@ class GridTransport:
 
         sent = [FlowerMessage(content(msg.serialise()), node, kind, group_id=str(round_))
                 for msg, node in out.values()]
-        return {r.metadata.src_node_id: r for r in self.grid.send_and_receive(sent, timeout=self.timeout_s)}
+        return {r.metadata.src_node_id: r for r in _round_trip(self.grid, sent, self.timeout_s)}
+
+
+def _round_trip(grid: Any, messages: list[Any], timeout_s: float | None = None) -> list[Any]:
+    """Flower's `grid.send_and_receive` (the replies that came within `timeout_s`; None: all), asking the SuperLink for
+    them after 0.05 s and then twice as long each time up to every second, where Flower's asks every 3 s: a round
+    whose clients answer in a second no longer waits for the next 3-second tick."""
+    waiting = set(grid.push_messages(messages))
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    replies, pause = [], _POLL_S[0]
+    while waiting and (deadline is None or time.monotonic() < deadline):
+        time.sleep(pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic())))
+        pulled = list(grid.pull_messages(waiting))
+        replies += pulled
+        waiting -= {reply.metadata.reply_to_message_id for reply in pulled}
+        pause = min(2 * pause, _POLL_S[1])
+    return replies
 
 
 def _reply(reply: Any) -> Message | Failure:
@@ -234,7 +251,7 @@ def handshake(grid: Any, ids: list[str]) -> tuple[dict[str, int], dict[str, dict
         if time.monotonic() > deadline:
             raise TimeoutError(f"only {len(nodes)} of {len(ids)} Flower nodes registered")
         time.sleep(0.05)
-    replies = grid.send_and_receive([FlowerMessage(RecordDict(), node, "query", group_id="0") for node in nodes])
+    replies = _round_trip(grid, [FlowerMessage(RecordDict(), node, "query", group_id="0") for node in nodes])
     node_of, properties = {}, {}
     for reply in replies:
         if reply.has_error():
