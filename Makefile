@@ -25,8 +25,8 @@ demo: venv
 lint: venv
 	.venv/bin/ruff check .
 
-# three workers on two cores: the deployment tests mostly wait on Flower's polling, and a third worker uses the core
-# they leave idle (tests/conftest.py)
+# three workers on two cores: the Flower deployment tests leave part of a core idle, which a third worker uses
+# (tests/conftest.py)
 test: lint
 	$(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder --durations=12
 

@@ -102,7 +102,7 @@ def check(args: list[str], capsys: pytest.CaptureFixture[str], untouched: list[P
     return rc
 
 
-@cases(1000)
+@cases(500)
 @given(overrides=st.lists(override(), max_size=4), out=st.sampled_from(["a-file", "a-file/below", "foreign", "new"]),
        force=st.booleans())
 def test_random_overrides_and_out_folders_give_exit_0_or_one_line(place, capsys, overrides, out, force):
@@ -113,7 +113,7 @@ def test_random_overrides_and_out_folders_give_exit_0_or_one_line(place, capsys,
     assert rc == 2 or out in ("foreign", "new")
 
 
-@cases(900)
+@cases(450)
 @given(text=config_text())
 def test_random_config_files_give_exit_0_or_one_line(place, capsys, text):
     path = place / "config.yaml"
@@ -121,7 +121,7 @@ def test_random_config_files_give_exit_0_or_one_line(place, capsys, text):
     check(["run", str(path), "--out", str(place / "foreign")], capsys, [place / "foreign"])
 
 
-@cases(600)
+@cases(300)
 @given(name=st.sampled_from(["config.yaml", "status.json"]), command=st.sampled_from(["resume", "report"]),
        data=st.data())
 def test_random_run_files_give_exit_0_or_one_line_and_keep_the_status(place, capsys, name, data, command):

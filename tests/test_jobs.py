@@ -1,11 +1,15 @@
 """Deployment configs (jobs.py): every shipped one reads, a bad one is one line naming the file and key, and
 `collabalign deploy` refuses a node count that does not match the job's clients before starting any process."""
 
+import tomllib
+from pathlib import Path
+
 import pytest
 
 from collabalign import jobs
 from collabalign.cli import CONFIG_DIR, main
 from collabalign.config import ConfigError
+from collabalign.deployment import write_app
 
 SHIPPED = sorted((CONFIG_DIR / "deploy").glob("*.yaml"))
 
@@ -75,3 +79,14 @@ def test_deploy_refuses_a_folder_that_is_not_a_deployments(tmp_path, capsys):
                  "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
     assert code == 2 and "holds thesis.tex, not a deployment's run folder" in err and err.count("\n") == 1
+
+
+def test_the_written_app_folder_and_the_projects_flower_app_name_the_same_apps_and_run_config(tmp_path):
+    """`collabalign deploy` (and the deployment tests) run `flwr run` on the folder `write_app` writes; `flwr run .` in
+    a checkout packs the project's own pyproject.toml: both must start the same ServerApp and ClientApp."""
+    written = tomllib.loads((write_app(tmp_path) / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    project = tomllib.loads((Path(__file__).parents[1] / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert written["components"] == project["components"] == {"serverapp": "collabalign.app:server_app",
+                                                               "clientapp": "collabalign.app:client_app"}
+    assert written["config"].keys() == project["config"].keys() == {"config", "overrides", "out"}
+    assert written["publisher"] == project["publisher"]

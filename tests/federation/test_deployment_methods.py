@@ -1,7 +1,8 @@
 """FSLoRA, FIRM and federated AffPCL (on two agents' arrays) on a real Flower deployment on the loopback (TLS, SuperNode
-authentication, a node worker and a private-state folder per SuperNode, `flwr run .` of the project's app): what they
-save equals, bit for bit, what the in-process simulator saves on the same job with the clients trained one after
-another (the same arithmetic on one thread): adapters, arrays, and the personal models AffPCL's nodes keep. Each
+authentication, a node worker and a private-state folder per SuperNode, `flwr run` of the app folder that `collabalign
+deploy` writes: the installed package's apps, no project files to pack): what they save equals, bit for bit, what the
+in-process simulator saves on the same job with the clients trained one after another (the same arithmetic on one
+thread): adapters, arrays, and the personal models AffPCL's nodes keep. Each
 FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's; AffPCL's uploads are
 quantised to 8 bits (the same stochastic rounding on the nodes as in the simulator). While the jobs run, the
 SuperLink refuses three SuperNodes: one whose key was never registered, one without the CA certificate the
@@ -19,14 +20,13 @@ from safetensors.numpy import load_file
 
 from collabalign import jobs
 from collabalign.cli import CONFIG_DIR
+from collabalign.deployment import write_app
 from collabalign.examples import agent_arrays
 from collabalign.federation.deploy import CONNECTION, HOST, LoopbackDeployment, free_port, write_node_key
 
 pytestmark = pytest.mark.flower
 if shutil.which("flower-superlink") is None:
     pytest.skip("flower-superlink is not on PATH (activate the project's virtual environment)", allow_module_level=True)
-
-ROOT = Path(__file__).resolve().parents[2]
 
 DECLARED = {0: {"rank": 4}, 1: {"rank": 2}}  # the SuperNodes' node configs; the config says ranks [2, 4]
 SMALL = {  # each method's deployment config on the tiny Llama, two clients
@@ -56,9 +56,10 @@ def test_every_method_on_the_deployment_equals_the_simulator(tmp_path):
         deployment.start(nodes=2)
         deployment.wait_status([0, 1], "online")
         refused = start_refused_nodes(deployment, tmp_path)
+        app = write_app(tmp_path / "app")
         for method, overrides in small.items():
             config = CONFIG_DIR / "deploy" / f"{method}.yaml"
-            run = deployment.run(ROOT, {"config": str(config), "overrides": "; ".join(overrides),
+            run = deployment.run(app, {"config": str(config), "overrides": "; ".join(overrides),
                                         "out": str(tmp_path / method)}, name=method)
             assert run.wait(timeout=600) == 0, deployment.log(method)
             simulated_as = overrides + (["ranks=[4, 2]"] if method == "fslora" else [])  # as the nodes declared

@@ -17,13 +17,13 @@ from safetensors.numpy import load_file
 
 from collabalign import jobs
 from collabalign.cli import CONFIG_DIR
+from collabalign.deployment import write_app
 from collabalign.federation.deploy import LoopbackDeployment
 
 pytestmark = pytest.mark.flower
 if shutil.which("flower-superlink") is None:
     pytest.skip("flower-superlink is not on PATH (activate the project's virtual environment)", allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIG = CONFIG_DIR / "deploy" / "pshare-lora-federated.yaml"
 TINY = ["model=tiny-llama", "lora.blocks=1", "rounds=2", "max_length=32", "engine.timeout_s=120"]
 KILLED, STOP_AFTER = 1, 1  # SuperNode 1 is killed, and the deployment stopped, once round 1 is recorded
@@ -42,9 +42,10 @@ def tensors(folder: Path) -> dict[str, np.ndarray]:
 def test_a_killed_node_and_a_stopped_server_resume_to_the_simulators_personal_models(tmp_path):
     run_config = {"config": str(CONFIG), "overrides": "; ".join(TINY), "out": str(tmp_path / "out")}
     state, env = tmp_path / "state", {"OMP_NUM_THREADS": "1"}
+    app = write_app(tmp_path / "app")  # what `collabalign deploy` runs: the installed apps, no project files to pack
     with LoopbackDeployment(tmp_path / "first", env=env, state_dir=state, workers=True) as deployment:
         deployment.start(nodes=3)
-        run = deployment.run(ROOT, run_config)
+        run = deployment.run(app, run_config)
         deadline = time.monotonic() + 300
         while STOP_AFTER not in recorded_rounds(tmp_path / "out"):
             assert run.poll() is None and time.monotonic() < deadline, deployment.log("run")
@@ -55,7 +56,7 @@ def test_a_killed_node_and_a_stopped_server_resume_to_the_simulators_personal_mo
 
     with LoopbackDeployment(tmp_path / "second", env=env, state_dir=state, workers=True) as deployment:
         deployment.start(nodes=3)
-        run = deployment.run(ROOT, run_config)
+        run = deployment.run(app, run_config)
         assert run.wait(timeout=600) == 0, deployment.log("run")
     assert recorded_rounds(tmp_path / "out") == [0, 1, 2]  # each round once: continued, not started over
 

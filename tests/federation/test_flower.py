@@ -4,9 +4,8 @@ import pytest
 from collabalign.comm import Message
 from collabalign.federation import simulate
 from collabalign.federation.engine import EngineOptions, ReplySpec
-from collabalign.methods.fedavg import FedAvg, LocalOnly
-
-from .toy import LeastSquares
+from collabalign.federation.protocol import evaluate_per_client, mean_min_max
+from collabalign.methods.fedavg import FedAvg
 
 pytestmark = pytest.mark.flower
 pytest.importorskip("flwr")
@@ -15,7 +14,8 @@ ray = pytest.importorskip("ray")
 
 class Counter:
     """Each client replies with how often it has trained (a count kept only in its private state) and one
-    draw from its round rng; the server state is the log of those replies."""
+    draw from its round rng; the server state is the log of those replies. Its metrics need the private counts, so
+    on Flower the nodes compute them (`client_metrics`) and the server combines them."""
 
     def init(self, seeds):
         return []
@@ -35,62 +35,34 @@ class Counter:
         return state + [(round_, cid, r.meta["count"], r["draw"].tolist()) for cid, r in replies.items()]
 
     def evaluate(self, state, clients, round_):
-        return {"replies": float(len(state))}
+        return evaluate_per_client(self, state, clients, round_)
+
+    def client_metrics(self, state, client, round_):
+        return {"count": float(client.state["count"][0]) if client.state else 0.0}
+
+    def combine_metrics(self, state, per_client, round_):
+        return {"replies": float(len(state)), **mean_min_max(per_client)}
 
 
 def both(algorithm, data, **kw):
-    from collabalign.federation.flower import run_flower_simulation
-
-    sim = simulate(algorithm, data, rounds=3, seed=11, progress=False, options=EngineOptions(batched=False),
-                   **kw)  # one client after another, as Flower's nodes train
-    flower = run_flower_simulation(algorithm, data, rounds=3, seed=11, **kw)
+    """The simulator with one client after another (as Flower's nodes train) and Flower's simulation engine, picked
+    by `EngineOptions.engine`."""
+    sim = simulate(algorithm, data, rounds=3, seed=11, progress=False, options=EngineOptions(batched=False), **kw)
+    flower = simulate(algorithm, data, rounds=3, seed=11, progress=False, options=EngineOptions(engine="flower"), **kw)
     assert not ray.is_initialized()
     return sim, flower
 
 
-@pytest.fixture(scope="module")
-def fedavg_runs():
-    trainer = LeastSquares()
-    return both(FedAvg(trainer), trainer.client_data(3), fraction=2 / 3)
-
-
-def test_fedavg_on_flower_equals_the_simulator(fedavg_runs):
-    sim, flower = fedavg_runs
-    assert [m["round"] for m in flower.metrics] == [0, 1, 2, 3]
-    for a, b in zip(sim.metrics, flower.metrics, strict=True):
-        assert a.keys() == b.keys() and a["round"] == b["round"]
-        assert b["mse"] == pytest.approx(a["mse"], abs=1e-5)
-    np.testing.assert_allclose(flower.state["w"], sim.state["w"], atol=1e-5)
-    assert flower.ledger.rows == sim.ledger.rows
-    assert len(flower.ledger.rows) == 3 * 2 * 2  # 2 of 3 clients sampled per round, one message each way
-    assert [t["round"] for t in flower.timing] == [1, 2, 3]
-
-
-def test_private_state_persists_across_rounds_on_flower():
+def test_private_state_persists_across_rounds_and_is_evaluated_on_the_flower_nodes():
     data = {f"c{i}": None for i in range(3)}
     sim, flower = both(Counter(), data)
     counts = {cid: [c for _, k, c, _ in flower.state if k == cid] for cid in data}
     assert counts == {cid: [1, 2, 3] for cid in data}
     assert flower.state == sim.state  # same counts and the same per-round client rng draws
     assert flower.metrics == sim.metrics
+    assert [m["count"] for m in flower.metrics] == [0.0, 1.0, 2.0, 3.0]  # the nodes' private counts, combined
     assert flower.ledger.rows == sim.ledger.rows
     assert all(c.state == {} for c in flower.clients.values())  # private state never leaves the nodes
-
-
-def test_personalised_evaluation_runs_on_the_flower_nodes():
-    """LocalOnly's metrics need each client's private model: on Flower the nodes compute them (`client_metrics`),
-    the server combines; `simulate` picks Flower by `EngineOptions.engine`."""
-    trainer = LeastSquares()
-    data = trainer.client_data(3)
-    sim = simulate(LocalOnly(trainer), data, rounds=3, seed=5, progress=False)
-    flower = simulate(LocalOnly(trainer), data, rounds=3, seed=5, options=EngineOptions(engine="flower"))
-    assert not ray.is_initialized()
-    assert all(c.state == {} for c in flower.clients.values())  # computed on the nodes, not from server-side state
-    assert [m.keys() for m in flower.metrics] == [m.keys() for m in sim.metrics]
-    for a, b in zip(sim.metrics, flower.metrics, strict=True):  # same arithmetic on both paths
-        assert b == pytest.approx(a, rel=1e-6)
-    assert sim.metrics[-1]["mse_max"] < sim.metrics[0]["mse_max"]
-    assert flower.ledger.rows == sim.ledger.rows
 
 
 def test_fedavg_lora_reward_model_on_flower_equals_the_simulator():
@@ -99,14 +71,18 @@ def test_fedavg_lora_reward_model_on_flower_equals_the_simulator():
     from ..methods.reward_setup import reward_problem
 
     trainer, clients, _ = reward_problem(tiny_llama(hidden_size=32, num_layers=2, num_heads=4), ["q_proj", "v_proj"])
-    sim, flower = both(FedAvg(trainer), clients)
-    assert len(sim.metrics) == 4 and sim.metrics[-1]["loss"] < sim.metrics[0]["loss"]
+    sim, flower = both(FedAvg(trainer), clients, fraction=2 / 3)
+    assert [m["round"] for m in flower.metrics] == [0, 1, 2, 3]
+    assert sim.metrics[-1]["loss"] < sim.metrics[0]["loss"]
     for a, b in zip(sim.metrics, flower.metrics, strict=True):
+        assert a.keys() == b.keys()
         assert b["accuracy"] == pytest.approx(a["accuracy"], abs=1e-5)
         assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
     for name in sim.state:
         np.testing.assert_allclose(flower.state[name], sim.state[name], atol=1e-5)
     assert flower.ledger.rows == sim.ledger.rows
+    assert len(flower.ledger.rows) == 3 * 2 * 2  # 2 of 3 clients sampled per round, one message each way
+    assert [t["round"] for t in flower.timing] == [1, 2, 3]
     lora_bytes = sum(v.nbytes for v in sim.state.values())
     assert all(b > lora_bytes for *_, b in flower.ledger.rows)  # every message carries the whole adapter + head
 
