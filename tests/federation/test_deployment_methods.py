@@ -2,12 +2,12 @@
 authentication, a node worker and a private-state folder per SuperNode, `flwr run` of the app folder that `collabalign
 deploy` writes: the installed package's apps, no project files to pack): what they save equals, bit for bit, what the
 in-process simulator saves on the same job with the clients trained one after another (the same arithmetic on one
-thread): adapters, arrays, and the personal models AffPCL's nodes keep. Each
-FSLoRA device's rank is the one its SuperNode declares in its node config, not the config's; AffPCL's uploads are
-quantised to 8 bits (the same stochastic rounding on the nodes as in the simulator). While the jobs run, the
-SuperLink refuses three SuperNodes: one whose key was never registered, one without the CA certificate the
-SuperLink's certificate is signed by, and one that talks plaintext; each gives up after its retries and is never
-listed online. A file apart from test_deployment.py, so the two run side by side under pytest-xdist."""
+thread): adapters, arrays, and the personal models AffPCL's nodes keep. Each FSLoRA device's rank is the one its
+SuperNode declares in its node config, not the config's; AffPCL's uploads are quantised to 8 bits (the same stochastic
+rounding on the nodes as in the simulator). While the jobs run, the SuperLink refuses three SuperNodes: one whose key
+was never registered, one without the CA certificate the SuperLink's certificate is signed by, and one that talks
+plaintext; each gives up after its retries and is never listed online. A file apart from test_deployment.py, so the two
+run side by side under pytest-xdist."""
 
 import json
 import shutil
