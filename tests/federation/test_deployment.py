@@ -23,7 +23,6 @@ pytestmark = pytest.mark.flower
 if shutil.which("flower-superlink") is None:
     pytest.skip("flower-superlink is not on PATH (activate the project's virtual environment)", allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[2]
 TINY = ["model=tiny-llama", "rounds=2", "seed=3", "max_length=32", "engine.min_replies=1", "engine.timeout_s=10",
         "engine.max_update_norm=1000", "engine.outlier_factor=null"]
 RUN_CONFIG = {"config": "", "overrides": "; ".join(TINY)}  # "": the shipped deploy/fedavg-lora.yaml
@@ -50,7 +49,7 @@ def records(out: Path) -> list[dict]:
 
 
 def run_with_a_crash(deployment: LoopbackDeployment, out: Path, deadline_s: float = 400) -> list[dict]:
-    """`flwr run .`; SuperNode KILLED is killed once round 0 is recorded."""
+    """`flwr run` of the poisoning app; SuperNode KILLED is killed once round 0 is recorded."""
     run = deployment.run(poison_app(out.parent / "poison-app"), {**RUN_CONFIG, "out": str(out)})
     killed = False
     deadline = time.monotonic() + deadline_s
