@@ -3,6 +3,7 @@ claim in summary.json with its rule, the tables and plots, determinism with one 
 paper-scale TL;DR config on a tiny Llama."""
 
 import json
+import shutil
 from types import ModuleType
 
 import pytest
@@ -10,12 +11,12 @@ import pytest
 from collabalign.claims import Claim
 from collabalign.cli import config_path, main
 from collabalign.experiments.pshare_lora import Config, bandit, federated, ordering, sweeps, text
+from collabalign.experiments.pshare_lora import fits as fits_module
 from collabalign.experiments.pshare_lora.fits import fit, jobs
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
 from collabalign.runs import RunDir
 
-from ..toy import run_twice
-
+QUICK = str(config_path("pshare-lora", quick=True))
 TOY = ["seeds=[0, 1, 2]", "workers=1", "problem.users=4", "problem.n_train=30", "problem.n_test=100",
        "train.steps=20", "sweep.n_train=[15, 30, 60]", "sweep.methods=[global, local, pshare_si, full]",
        "sweep.users=[2, 4]", "sweep.spectrum_decay=[0.5, 1]", "sweep.tail=[0, 1]", "sweep.tail_n_train=[15, 60]",
@@ -28,7 +29,11 @@ TOY = ["seeds=[0, 1, 2]", "workers=1", "problem.users=4", "problem.n_train=30", 
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
-    return run_twice(tmp_path_factory, "pshare-lora", TOY)
+    """The toy run on one process and again with the fits on two worker processes: the records must not change."""
+    outs = [tmp_path_factory.mktemp("pshare-lora") for _ in range(2)]
+    for out, workers in zip(outs, ("workers=1", "workers=2"), strict=True):
+        assert main(["run", QUICK, *TOY[:-1], workers, "--no-progress", "--out", str(out)]) == 0
+    return outs
 
 
 def declared(*modules: ModuleType) -> list[Claim]:
@@ -92,30 +97,29 @@ def test_records_cover_every_method_and_seed_and_are_deterministic(toy_runs):
     assert (a / "metrics.jsonl").read_bytes() == (b / "metrics.jsonl").read_bytes()
 
 
-def test_worker_processes_give_the_same_records_and_a_rerun_reads_the_cached_fits(toy_runs, tmp_path):
-    quick = str(config_path("pshare-lora", quick=True))
-    args = ["run", quick, *TOY[:-1], "workers=2", "bandit.run=false", "federated.run=false", "text.run=false",
-            "--no-progress", "--out", str(tmp_path), "--force"]
-    assert main(args) == 0
-    records = (toy_runs[0] / "metrics.jsonl").read_text().splitlines()
-    synthetic = [r for r in records if json.loads(r)["experiment"] == "main" or
-                 json.loads(r)["experiment"].startswith("sweep_")]
-    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == synthetic
-    fits = sorted((tmp_path / "pshare_synthetic_fits").iterdir())
-    saved = RunDir(tmp_path).read_config()
+def test_a_rerun_reads_the_cached_fits_back_without_worker_processes(toy_runs, tmp_path, monkeypatch):
+    out = tmp_path / "run"
+    shutil.copytree(toy_runs[1], out)  # the two-worker run, its fits cached in the folder
+    fits = sorted((out / "pshare_synthetic_fits").iterdir())
+    saved = RunDir(out).read_config()
     cfg = Config.model_validate({k: v for k, v in saved.items() if k not in ("experiment", "smoke")})
     assert len(fits) == len({(p.model_dump_json(), m, s) for p, m, s in jobs(cfg)}) > 9 * 3  # every fit, once
     stamps = [f.stat().st_mtime_ns for f in fits]
+    args = ["run", QUICK, *TOY[:-1], "workers=2", "bandit.run=false", "federated.run=false", "text.run=false",
+            "--no-progress", "--out", str(out), "--force"]
+    monkeypatch.setattr(fits_module, "ProcessPoolExecutor", lambda *a, **k: pytest.fail("workers with every fit saved"))
     assert main(args) == 0  # a stopped or repeated run reads every fit back instead of refitting
     assert [f.stat().st_mtime_ns for f in fits] == stamps
-    assert (tmp_path / "metrics.jsonl").read_text().splitlines() == synthetic
+    records = (toy_runs[0] / "metrics.jsonl").read_text().splitlines()
+    synthetic = [r for r in records if json.loads(r)["experiment"] == "main" or
+                 json.loads(r)["experiment"].startswith("sweep_")]
+    assert (out / "metrics.jsonl").read_text().splitlines() == synthetic
 
 
 @pytest.mark.parametrize("override", ["methods=[global, share_rep_same_head]", "bandit.methods=[pshare_si, shared]",
                                       "text.methods=[global, share_rep_global]"])
 def test_a_method_that_cannot_run_where_it_is_listed_is_a_config_error(override, tmp_path, capsys):
-    quick = str(config_path("pshare-lora", quick=True))
-    assert main(["run", quick, override, "--no-progress", "--out", str(tmp_path)]) == 2
+    assert main(["run", QUICK, override, "--no-progress", "--out", str(tmp_path)]) == 2
     assert "Input should be" in capsys.readouterr().err
 
 

@@ -26,10 +26,15 @@ def fit(problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict
     return {**evaluate(net, truth, test), "train_loss": round(losses[-1], 6), **truth.diversity(problem.k)}
 
 
+def fit_path(folder: Path, problem: ProblemConfig, method: str, seed: int) -> Path:
+    """Where `cached_fit` saves a fit (the file also records the training settings it was made with)."""
+    return folder / f"{method}__seed{seed}__{fingerprint(problem.model_dump(mode='json'))}.json"
+
+
 def cached_fit(folder: Path, problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict:
     """`fit`, saved in `folder` under the problem's and the training's settings (read back when saved before)."""
-    name = f"{method}__seed{seed}__{fingerprint(problem.model_dump(mode='json'))}.json"
-    return cached_json(folder / name, fingerprint(tc.model_dump(mode="json")), lambda: fit(problem, tc, method, seed))
+    return cached_json(fit_path(folder, problem, method, seed), fingerprint(tc.model_dump(mode="json")),
+                       lambda: fit(problem, tc, method, seed))
 
 
 def jobs(cfg: Config) -> list[tuple[ProblemConfig, str, int]]:
@@ -46,7 +51,9 @@ def run_fits(cfg: Config, run_dir: RunDir, progress: bool) -> Fits:
     folder.mkdir(parents=True, exist_ok=True)
     args = [(folder, ProblemConfig.model_validate_json(p), cfg.train, m, s) for p, m, s in keys]
     results = {}
-    workers = ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) if cfg.workers > 1 else nullcontext()
+    missing = any(not fit_path(folder, p, m, s).exists() for p, m, s in jobs(cfg))
+    parallel = cfg.workers > 1 and missing  # a rerun that only reads fits back starts no worker processes
+    workers = ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) if parallel else nullcontext()
     with workers as pool:
         done = (pool.map if pool else map)(cached_fit, *zip(*args, strict=True))
         for i, (key, res) in enumerate(zip(keys, done, strict=True)):
