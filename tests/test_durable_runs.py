@@ -87,7 +87,7 @@ def test_a_failed_run_records_the_error(tmp_path, env, monkeypatch):
 
 
 def test_cached_json_recomputes_only_when_the_fingerprint_changes(tmp_path):
-    from collabalign.runs import cached_json, fingerprint
+    from collabalign.runs import cached_json, fingerprint, read_cached
 
     calls = []
 
@@ -101,5 +101,7 @@ def test_cached_json_recomputes_only_when_the_fingerprint_changes(tmp_path):
     assert cached_json(path, key, compute) == {"value": 1}
     assert cached_json(path, key, compute)["value"] == 1 and len(calls) == 1  # read back, not recomputed
     other = fingerprint({"lr": 0.2, "seed": 0})
+    assert read_cached(path, key) == {"value": 1} and read_cached(path, other) is None  # what a rerun would find
     assert cached_json(path, other, compute) == {"value": 2}
     assert json.loads(path.read_text())["fingerprint"] == other
+    assert read_cached(path, key) is None and read_cached(tmp_path / "cells" / "b.json", other) is None

@@ -52,17 +52,23 @@ def fingerprint(settings: Any) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def read_cached(path: str | Path, key: str) -> dict[str, Any] | None:
+    """What `cached_json` saved at `path` under the fingerprint `key`; None when nothing is saved there under it."""
+    path = Path(path)
+    if not path.exists():
+        return None
+    saved = json.loads(path.read_text())
+    return saved if saved.pop("fingerprint", None) == key else None
+
+
 def cached_json(path: str | Path, key: str, compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
     """compute()'s result (JSON-able) saved at `path` under the fingerprint `key`, or read from there when a
     computation with the same key finished before: a run killed midway, or split across processes into one folder,
     continues to the same results without repeating finished work."""
-    path = Path(path)
-    if path.exists():
-        saved = json.loads(path.read_text())
-        if saved.pop("fingerprint", None) == key:
-            return saved
+    if (saved := read_cached(path, key)) is not None:
+        return saved
     out = compute()
-    atomic_write_text(path, json.dumps(out | {"fingerprint": key}))
+    atomic_write_text(Path(path), json.dumps(out | {"fingerprint": key}))
     return json.loads(json.dumps(out))  # as a later read gives it back (tuples as lists, keys as strings)
 
 

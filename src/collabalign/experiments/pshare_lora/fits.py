@@ -13,7 +13,7 @@ from pathlib import Path
 from collabalign.experiments.pshare_lora.config import Config
 from collabalign.experiments.pshare_lora.sweeps import problems
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig, evaluate, fit_model, generate
-from collabalign.runs import RunDir, cached_json, fingerprint
+from collabalign.runs import RunDir, cached_json, fingerprint, read_cached
 from collabalign.seeding import Seeds
 
 Fits = dict[tuple[str, str, int], dict]  # (problem JSON, method, seed) -> held-out metrics
@@ -27,14 +27,17 @@ def fit(problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict
 
 
 def fit_path(folder: Path, problem: ProblemConfig, method: str, seed: int) -> Path:
-    """Where `cached_fit` saves a fit (the file also records the training settings it was made with)."""
+    """Where `cached_fit` saves a fit (under the fingerprint of the training settings, `train_key`)."""
     return folder / f"{method}__seed{seed}__{fingerprint(problem.model_dump(mode='json'))}.json"
 
 
 def cached_fit(folder: Path, problem: ProblemConfig, tc: TrainConfig, method: str, seed: int) -> dict:
     """`fit`, saved in `folder` under the problem's and the training's settings (read back when saved before)."""
-    return cached_json(fit_path(folder, problem, method, seed), fingerprint(tc.model_dump(mode="json")),
-                       lambda: fit(problem, tc, method, seed))
+    return cached_json(fit_path(folder, problem, method, seed), train_key(tc), lambda: fit(problem, tc, method, seed))
+
+
+def train_key(tc: TrainConfig) -> str:
+    return fingerprint(tc.model_dump(mode="json"))
 
 
 def jobs(cfg: Config) -> list[tuple[ProblemConfig, str, int]]:
@@ -51,7 +54,7 @@ def run_fits(cfg: Config, run_dir: RunDir, progress: bool) -> Fits:
     folder.mkdir(parents=True, exist_ok=True)
     args = [(folder, ProblemConfig.model_validate_json(p), cfg.train, m, s) for p, m, s in keys]
     results = {}
-    missing = any(not fit_path(folder, p, m, s).exists() for p, m, s in jobs(cfg))
+    missing = any(read_cached(fit_path(folder, p, m, s), train_key(cfg.train)) is None for p, m, s in jobs(cfg))
     parallel = cfg.workers > 1 and missing  # a rerun that only reads fits back starts no worker processes
     workers = ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) if parallel else nullcontext()
     with workers as pool:
