@@ -37,6 +37,7 @@ def cached_fit(folder: Path, problem: ProblemConfig, tc: TrainConfig, method: st
 
 
 def train_key(tc: TrainConfig) -> str:
+    """The fingerprint a fit is saved under: its training settings."""
     return fingerprint(tc.model_dump(mode="json"))
 
 
@@ -53,14 +54,15 @@ def run_fits(cfg: Config, run_dir: RunDir, progress: bool) -> Fits:
     folder = run_dir.path / "pshare_synthetic_fits"
     folder.mkdir(parents=True, exist_ok=True)
     args = [(folder, ProblemConfig.model_validate_json(p), cfg.train, m, s) for p, m, s in keys]
+    saved = [read_cached(fit_path(f, p, m, s), train_key(tc)) for f, p, tc, m, s in args]  # None: still to fit
+    todo = [a for a, r in zip(args, saved, strict=True) if r is None]
     results = {}
-    missing = any(read_cached(fit_path(folder, p, m, s), train_key(cfg.train)) is None for p, m, s in jobs(cfg))
-    parallel = cfg.workers > 1 and missing  # a rerun that only reads fits back starts no worker processes
+    parallel = cfg.workers > 1 and todo  # a rerun that only reads fits back starts no worker processes
     workers = ProcessPoolExecutor(cfg.workers, mp_context=get_context("spawn")) if parallel else nullcontext()
     with workers as pool:
-        done = (pool.map if pool else map)(cached_fit, *zip(*args, strict=True))
-        for i, (key, res) in enumerate(zip(keys, done, strict=True)):
-            results[key] = res
+        fresh = (pool.map if pool else map)(cached_fit, *zip(*todo, strict=True)) if todo else iter(())
+        for i, (key, res) in enumerate(zip(keys, saved, strict=True)):
+            results[key] = res if res is not None else next(fresh)
             if progress and ((i + 1) % 10 == 0 or i + 1 == len(keys)):
                 print(f"pshare-lora synthetic: {i + 1}/{len(keys)} fits", file=sys.stderr, flush=True)
     return results
