@@ -1,5 +1,6 @@
 """The LM-head-only fast paths: cached trunk states give the same log-probs and values as full forwards, the
-functional `HeadAdapter` matches the policy, and `set_reference` makes another adapter state the reference."""
+functional `HeadAdapter` matches the policy (with its base logits stored or computed per pass), and `set_reference`
+makes another adapter state the reference."""
 
 import pytest
 import torch
@@ -18,9 +19,10 @@ def test_head_adapter_log_probs_equal_the_policy_on_cached_trunk_states(make_pol
     with torch.no_grad():
         reference = policy.token_logprobs(policy.rollout(PROMPTS, RESPONSES)).sum(1)
     initial = policy.adapter_state()
-    for full_vocab in (False, True):
+    for full_vocab, stored in ((False, True), (True, True), (False, False)):
         policy.load_adapter_state(initial)
-        head = HeadAdapter(policy, cache, full_vocab=full_vocab)
+        head = HeadAdapter(policy, cache, full_vocab=full_vocab, base_logits_bytes=2**30 if stored else 0)
+        assert (head.base is not None) == stored
         assert (len(head.vocab) == policy.model.config.vocab_size) == full_vocab
         torch.testing.assert_close(head.logprobs(head.params(), rows), reference, rtol=1e-5, atol=1e-5)
         gen = torch.Generator().manual_seed(1)
@@ -31,6 +33,28 @@ def test_head_adapter_log_probs_equal_the_policy_on_cached_trunk_states(make_pol
         assert not torch.allclose(full, reference)
         assert all(torch.equal(a, b) for a, b in zip(head.params(), theta, strict=True))
     assert cache.lengths.tolist() == policy.rollout(PROMPTS, RESPONSES).mask.sum(1).tolist()
+
+
+def test_stored_base_logits_give_the_same_log_probs_and_gradients_as_computing_them(make_policy):
+    policy = make_policy(gain=4.0, targets=("lm_head",))
+    cache = cache_responses(policy, PROMPTS, RESPONSES, batch_size=2)
+    stored, computed = (HeadAdapter(policy, cache, base_logits_bytes=b) for b in (2**30, 0))
+    rows = torch.tensor([2, 0, 2])  # a row twice, rows of different lengths
+    theta = [torch.randn(t.shape, generator=torch.Generator().manual_seed(3)).requires_grad_(True)
+             for t in stored.params()]
+    a, b = stored.token_logprobs(theta, rows), computed.token_logprobs(theta, rows)
+    torch.testing.assert_close(a, b)
+    assert a.shape == (3, int(cache.lengths.max())) and (a[1, int(cache.lengths[0]):] == 0).all()
+    for ga, gb in zip(torch.autograd.grad(a.sum(), theta), torch.autograd.grad(b.sum(), theta), strict=True):
+        torch.testing.assert_close(ga, gb)
+
+
+def test_a_cache_whose_mask_is_not_a_prefix_is_refused(make_policy):
+    policy = make_policy(targets=("lm_head",))
+    cache = cache_responses(policy, PROMPTS, RESPONSES)
+    cache.mask[0, 0] = False
+    with pytest.raises(ValueError, match="first tokens"):
+        HeadAdapter(policy, cache)
 
 
 def test_only_vocab_keeps_the_adapter_inside_the_cached_vocabulary(make_policy):

@@ -64,13 +64,21 @@ class HeadAdapter:
     B has rows only for the vocabulary V of the cached responses (every token they contain); the other rows of the
     policy's B stay zero. The logits of tokens outside V are then the base model's, so their share of the softmax is
     one number per position, computed once here, and a pass costs |V|·H per token instead of the full vocabulary's.
-    `full_vocab=True` keeps every row (B_V = B)."""
+    `full_vocab=True` keeps every row (B_V = B).
 
-    def __init__(self, policy: Policy, cache: HeadCache, full_vocab: bool = False, chunk: int = 64):
+    Passes run on the response tokens only, packed (no padding), and when the base logits of every cached token over V
+    fit in `base_logits_bytes` they are computed once too: a pass then adds only the adapter's rank-r term, |V|·r per
+    token instead of |V|·H (benchmarks/meta_reward_head.py)."""
+
+    def __init__(self, policy: Policy, cache: HeadCache, full_vocab: bool = False, chunk: int = 1024,
+                 base_logits_bytes: int = 2**32):
         head = policy.model.get_output_embeddings()
         if not policy.head_only:
             raise ValueError("HeadAdapter needs a policy whose only LoRA layer is its LM head "
                              "(build it with targets=('lm_head',))")
+        lengths = cache.mask.sum(1)
+        if not torch.equal(cache.mask, torch.arange(cache.mask.shape[1])[None, :] < lengths[:, None]):
+            raise ValueError("the cache's mask must mark each response's first tokens (as cache_responses builds it)")
         self.policy, self.layer, self.cache = policy, head, cache
         weight = head.base.weight.detach()
         bias = None if head.base.bias is None else head.base.bias.detach()
@@ -79,17 +87,38 @@ class HeadAdapter:
         self.vocab = vocab.to(weight.device)
         self.weight = weight[self.vocab]
         self.bias = None if bias is None else bias[self.vocab]
-        self.local_targets = torch.searchsorted(vocab, cache.targets).clamp(max=len(vocab) - 1)
-        others = torch.ones(n_vocab, dtype=torch.bool, device=weight.device)
-        others[self.vocab] = False
-        self.outside = torch.full(cache.targets.shape, float("-inf"), dtype=weight.dtype)
-        if others.any():
-            w_out, b_out = weight[others], None if bias is None else bias[others]
-            with torch.no_grad():
-                for start in range(0, len(cache), chunk):
-                    z = cache.hidden[start:start + chunk].to(weight) @ w_out.T
+        self.others = torch.ones(n_vocab, dtype=torch.bool, device=weight.device)
+        self.others[self.vocab] = False
+        # the response tokens packed row after row: row i's tokens are offsets[i] .. offsets[i] + lengths[i] - 1
+        self.lengths, self.offsets = lengths, lengths.cumsum(0) - lengths
+        self.hidden = cache.hidden[cache.mask]
+        self.targets = torch.searchsorted(vocab, cache.targets[cache.mask]).clamp(max=len(vocab) - 1)
+        store = len(self.hidden) * len(self.vocab) * self.weight.element_size() <= base_logits_bytes
+        self.outside = torch.full((len(self.hidden),), float("-inf"), dtype=weight.dtype)
+        self.base = torch.empty((len(self.hidden), len(self.vocab)), dtype=weight.dtype) if store else None
+        w_out, b_out = weight[self.others], None if bias is None else bias[self.others]
+        with torch.no_grad():
+            for start in range(0, len(self.hidden), chunk):
+                h = self.hidden[start:start + chunk].to(weight)
+                if self.others.any():
+                    z = h @ w_out.T
                     self.outside[start:start + chunk] = (z if b_out is None else z + b_out).logsumexp(-1).cpu()
-        self.others = others
+                if store:
+                    self.base[start:start + chunk] = self._base_logits(h).cpu()
+
+    def _base_logits(self, h: Tensor) -> Tensor:
+        """The frozen head's logits over V of trunk states h (..., H)."""
+        logits = h @ self.weight.T
+        return logits if self.bias is None else logits + self.bias
+
+    def _tokens(self, rows: Tensor) -> tuple[Tensor, Tensor]:
+        """The packed indices of the response tokens of `rows`, row after row, and the (n, t) mask they fill."""
+        lengths = self.lengths[rows]
+        t = int(lengths.max())
+        mask = torch.arange(t)[None, :] < lengths[:, None]
+        starts = torch.repeat_interleave(self.offsets[rows], lengths)
+        first = torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
+        return starts + torch.arange(len(starts)) - first, mask
 
     def params(self) -> list[Tensor]:
         """A copy of the current factors [A, B_V]; an error if the policy's B moved outside V."""
@@ -118,18 +147,16 @@ class HeadAdapter:
             handle.remove()
 
     def token_logprobs(self, theta: Sequence[Tensor], rows: Tensor) -> Tensor:
-        """log π_θ(y_t | x, y_<t) (n, t) for the cached responses at `rows`, t their longest length (the cache's
-        padding past it is never computed), zero past each response's end."""
-        t = int(self.cache.mask[rows].sum(1).max())
-        h = self.cache.hidden[rows, :t].to(self.weight)
-        logits = h @ self.weight.T + self.layer.scale * (h @ theta[0].T) @ theta[1].T
-        if self.bias is not None:
-            logits = logits + self.bias
-        device = logits.device
-        targets, mask = self.local_targets[rows, :t].to(device), self.cache.mask[rows, :t].to(device)
-        normaliser = torch.logaddexp(logits.logsumexp(-1), self.outside[rows, :t].to(device))
-        logprobs = logits.gather(-1, targets[..., None]).squeeze(-1) - normaliser
-        return logprobs.masked_fill(~mask, 0.0)
+        """log π_θ(y_t | x, y_<t) (n, t) for the cached responses at `rows`, t their longest length, zero past each
+        response's end."""
+        tokens, mask = self._tokens(rows)
+        device = self.weight.device
+        h = self.hidden[tokens].to(self.weight)
+        base = self._base_logits(h) if self.base is None else self.base[tokens].to(device)
+        logits = base + self.layer.scale * (h @ theta[0].T) @ theta[1].T
+        normaliser = torch.logaddexp(logits.logsumexp(-1), self.outside[tokens].to(device))
+        logprobs = logits.gather(-1, self.targets[tokens].to(device)[:, None]).squeeze(-1) - normaliser
+        return logprobs.new_zeros(mask.shape).masked_scatter(mask.to(device), logprobs)
 
     def logprobs(self, theta: Sequence[Tensor], rows: Tensor) -> Tensor:
         """Sequence log-probs log π_θ(y|x) (n,), summed over response tokens."""
