@@ -111,3 +111,14 @@ def test_set_reference_makes_an_adapter_state_the_reference_and_none_restores_th
     assert not torch.allclose(sft_logprobs, current)
     policy.set_reference(None)
     torch.testing.assert_close(policy.token_logprobs(rollout, reference=True), base)
+
+
+def test_a_rows_log_prob_does_not_depend_on_the_other_rows_it_is_scored_with(make_policy):
+    policy = make_policy(gain=4.0, targets=("lm_head",))
+    words = "the quick brown fox jumps over a lazy dog while it rains and the sun sets".split()
+    responses = [" ".join(words[j % len(words)] for j in range(n)) for n in (37, 90, 13)]
+    head = HeadAdapter(policy, cache_responses(policy, PROMPTS, responses))
+    theta = [torch.randn(t.shape, generator=torch.Generator().manual_seed(4)) for t in head.params()]
+    together = head.logprobs(theta, torch.arange(3))
+    alone = torch.cat([head.logprobs(theta, torch.tensor([i])) for i in range(3)])
+    assert torch.equal(together, alone)  # exactly: a long list of rows can be scored in chunks

@@ -111,11 +111,11 @@ class HeadAdapter:
         logits = h @ self.weight.T
         return logits if self.bias is None else logits + self.bias
 
-    def _tokens(self, rows: Tensor) -> tuple[Tensor, Tensor]:
-        """The packed indices of the response tokens of `rows`, row after row, and the (n, t) mask they fill."""
+    def _tokens(self, rows: Tensor, width: int | None = None) -> tuple[Tensor, Tensor]:
+        """The packed indices of the response tokens of `rows`, row after row, and the (n, width) mask they fill
+        (width: the rows' longest length by default)."""
         lengths = self.lengths[rows]
-        t = int(lengths.max())
-        mask = torch.arange(t)[None, :] < lengths[:, None]
+        mask = torch.arange(width or int(lengths.max()))[None, :] < lengths[:, None]
         starts = torch.repeat_interleave(self.offsets[rows], lengths)
         first = torch.repeat_interleave(lengths.cumsum(0) - lengths, lengths)
         return starts + torch.arange(len(starts)) - first, mask
@@ -146,10 +146,10 @@ class HeadAdapter:
         finally:
             handle.remove()
 
-    def token_logprobs(self, theta: Sequence[Tensor], rows: Tensor) -> Tensor:
-        """log π_θ(y_t | x, y_<t) (n, t) for the cached responses at `rows`, t their longest length, zero past each
-        response's end."""
-        tokens, mask = self._tokens(rows)
+    def _padded_logprobs(self, theta: Sequence[Tensor], rows: Tensor, width: int | None = None) -> Tensor:
+        """log π_θ of the response tokens of `rows`, (n, width), zero past each response's end; only the response
+        tokens are computed."""
+        tokens, mask = self._tokens(rows, width)
         device = self.weight.device
         h = self.hidden[tokens].to(self.weight)
         base = self._base_logits(h) if self.base is None else self.base[tokens].to(device)
@@ -158,6 +158,13 @@ class HeadAdapter:
         logprobs = logits.gather(-1, self.targets[tokens].to(device)[:, None]).squeeze(-1) - normaliser
         return logprobs.new_zeros(mask.shape).masked_scatter(mask.to(device), logprobs)
 
+    def token_logprobs(self, theta: Sequence[Tensor], rows: Tensor) -> Tensor:
+        """log π_θ(y_t | x, y_<t) (n, t) for the cached responses at `rows`, t their longest length, zero past each
+        response's end."""
+        return self._padded_logprobs(theta, rows)
+
     def logprobs(self, theta: Sequence[Tensor], rows: Tensor) -> Tensor:
-        """Sequence log-probs log π_θ(y|x) (n,), summed over response tokens."""
-        return self.token_logprobs(theta, rows).sum(1)
+        """Sequence log-probs log π_θ(y|x) (n,), summed over the cache's full width: a row's value does not depend on
+        the other rows of the call (a sum over the batch's longest length would round by that length), so a long
+        list of rows can be scored in chunks."""
+        return self._padded_logprobs(theta, rows, self.cache.mask.shape[1]).sum(1)
