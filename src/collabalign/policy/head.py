@@ -163,8 +163,10 @@ class HeadAdapter:
         response's end."""
         return self._padded_logprobs(theta, rows)
 
-    def logprobs(self, theta: Sequence[Tensor], rows: Tensor) -> Tensor:
+    def logprobs(self, theta: Sequence[Tensor], rows: Tensor, chunk: int = 256) -> Tensor:
         """Sequence log-probs log π_θ(y|x) (n,), summed over the cache's full width: a row's value does not depend on
         the other rows of the call (a sum over the batch's longest length would round by that length), so a long
-        list of rows can be scored in chunks."""
-        return self._padded_logprobs(theta, rows, self.cache.mask.shape[1]).sum(1)
+        list of rows is scored in chunks of `chunk` rows, bounding the (tokens x V) logits held at once."""
+        width = self.cache.mask.shape[1]
+        return torch.cat([self._padded_logprobs(theta, rows[i:i + chunk], width).sum(1)
+                          for i in range(0, len(rows), chunk)])

@@ -10,8 +10,6 @@ from collabalign.methods.meta_reward.bilevel import Params
 from collabalign.methods.meta_reward.text import Pairs, TextTask, train_steps
 from collabalign.policy.dpo import dpo_loss
 
-CHUNK = 256  # rows per no-grad pass of the reference log-probs
-
 
 def dpo(task: TextTask, theta_sft: Params, pairs: Pairs, beta: float, steps: int, lr: float, batch: int,
         gen: torch.Generator) -> list[Tensor]:
@@ -19,8 +17,8 @@ def dpo(task: TextTask, theta_sft: Params, pairs: Pairs, beta: float, steps: int
     if not beta > 0:
         raise ValueError(f"DPO β must be > 0, got {beta}")
     rows = torch.cat([pairs.chosen, pairs.rejected])
-    with torch.no_grad():  # in chunks: every training pair at once would hold (tokens x vocabulary) logits
-        reference = torch.cat([task.head.logprobs(theta_sft, rows[i:i + CHUNK]) for i in range(0, len(rows), CHUNK)])
+    with torch.no_grad():
+        reference = task.head.logprobs(theta_sft, rows)
     n = len(pairs)
 
     def loss(theta: Params, idx: Tensor) -> Tensor:
