@@ -112,10 +112,13 @@ def glue_note(cfg: Config) -> str:
     glue, fed = cfg.glue, cfg.glue_federation()
     note = (f"GLUE: {glue.backbone} with LoRA (dropout {glue.dropout}) on {glue.targets} of the top {glue.lora_blocks} "
             f"blocks, {glue.max_train} training examples per task ({glue.select_fraction:.0%} of them held out to "
-            f"choose lr), texts cut at {glue.max_length} tokens; {fed.rounds} rounds of H = {fed.steps} steps "
-            f"(momentum {fed.momentum}, batch {fed.batch_size}), LoRA alpha {fed.lora_alpha}; centralised and frozen "
+            f"choose lr and LoRA alpha from the grid below), single sentences cut at {glue.max_length} tokens, "
+            f"pairs at {glue.pair_max_length} with segment ids; {fed.rounds} rounds of H = {fed.steps} "
+            f"{fed.optimizer} steps (momentum {fed.momentum}, batch {fed.batch_size}); centralised and frozen "
             f"run {fed.steps * fed.devices} steps per round on one party. GLUE overrides of the federation: "
             f"{glue.federation or 'none'}.")
+    if glue.min_words:
+        note += f" Training texts under this many words left out, per task: {glue.min_words}."
     if glue.data is not None:
         note += (f" Task {glue.data.name}: the labelled texts of {glue.data.path}, {glue.data.dev_fraction:.0%} of "
                  "its rows (seeded) held out as its dev split.")
