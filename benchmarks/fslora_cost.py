@@ -18,6 +18,8 @@ float32, one torch thread, 8 devices with 512 samples each (an equal split), H =
    {1/8, 1/4, 1/2, 3/4}). Goal: ~1x (same block sizes; FSLoRA only adds a gather of its random block).
 3. Server time per round (configure + aggregate at round 2, so FlexLoRA pays its per-layer SVD) of FlexLoRA and
    FedStackLoRA vs FSLoRA, and each method's mean per-device download vs FSLoRA's (Alg. 1 sends all of B, A).
+4. The GLUE main config's cheaper step: one device's FSLoRA `client_update` at k = r (H = 8 AdamW steps of batch 16,
+   SST-2) with LoRA in the top 3 blocks over the cached states of the 3 below, against LoRA in all 6 blocks.
 
 Times are medians of interleaved runs (timing.compare), so each ratio is measured side by side.
 Run: OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/fslora_cost.py
@@ -179,16 +181,29 @@ def server_time(seeds, problem, clients, ranks) -> None:
               f"{total[name] / total['FSLoRA']:>13.2f} {down[name] / 1024:>13.1f} {down[name] / down['FSLoRA']:>8.2f}")
 
 
-def real_model() -> tuple[Seeds, TorchLoRAProblem, dict]:
-    """FSLoRA's GLUE device on the real model: all-MiniLM-L6-v2 with LoRA (r = 32, no dropout) on query/value of all
-    6 blocks, SST-2 sentences cut at 48 tokens, the main config's H = 8 steps of batch 16."""
+def real_model(blocks: int = 6, sgd: LocalSGD | None = None) -> tuple[Seeds, TorchLoRAProblem, dict]:
+    """FSLoRA's GLUE device on the real model: all-MiniLM-L6-v2 with LoRA (r = 32, no dropout) on query/value of the
+    top `blocks` blocks, SST-2 sentences cut at 48 tokens, the main config's H = 8 steps of batch 16."""
     from collabalign.data.paths import shared_data_dir
     from collabalign.methods.fslora.problems import GlueSetup, glue_problem
     from collabalign.models.backbones import minilm_l6
 
-    setup = GlueSetup(rank=32, sgd=LocalSGD(8, 0.01, 16), max_train=512, max_length=48, lora_blocks=6, max_test=64)
+    setup = GlueSetup(rank=32, sgd=sgd or LocalSGD(8, 0.01, 16), max_train=512, max_length=48, lora_blocks=blocks,
+                      max_test=64)
     problem, train = glue_problem("SST-2", shared_data_dir() / "glue", minilm_l6(), setup, Seeds(0))
     return Seeds(0), problem, {"d0": train}
+
+
+def cached_trunk() -> None:
+    """Part 4: LoRA in the top 3 blocks over cached trunk states against LoRA in all 6 (AdamW, as the main config)."""
+    runs, messages = {}, {}
+    for blocks in (6, 3):
+        seeds, problem, clients = real_model(blocks, LocalSGD(8, 1e-3, 16, optimizer="adamw"))
+        runs[blocks] = Run(fslora(problem, {"d0": 32}, 32), clients, seeds)
+        messages[blocks] = runs[blocks].algorithm.configure(runs[blocks].state, 1, ["d0"])["d0"]
+    times = compare({b: (lambda b=b: runs[b].device("d0", messages[b], 1)) for b in runs}, rounds=7)
+    print(f"\n4. GLUE device step (SST-2, 8 AdamW steps x batch 16, k = r = 32): LoRA in all 6 blocks "
+          f"{times[6] * 1e3:.0f} ms, top 3 over cached states {times[3] * 1e3:.0f} ms: {times[3] / times[6]:.2f}")
 
 
 def main() -> None:
@@ -202,6 +217,7 @@ def main() -> None:
     device_step(seeds, problem, clients, "1. teacher-student MLP")
     round_device_time(seeds, problem, clients, ranks)
     server_time(seeds, problem, clients, ranks)
+    cached_trunk()
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 
 
