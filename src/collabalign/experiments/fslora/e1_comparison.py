@@ -113,9 +113,9 @@ def glue_note(cfg: Config) -> str:
     note = (f"GLUE: {glue.backbone} with LoRA (dropout {glue.dropout}) on {glue.targets} of the top {glue.lora_blocks} "
             f"blocks, {glue.max_train} training examples per task ({glue.select_fraction:.0%} of them held out to "
             f"choose lr and LoRA alpha from the grid below), single sentences cut at {glue.max_length} tokens, "
-            f"pairs at {glue.pair_max_length or glue.max_length}{' with segment ids' if glue.segments else ''}; "
-            f"{fed.rounds} rounds of H = {fed.steps} "
-            f"{fed.optimizer} steps (momentum {fed.momentum}, batch {fed.batch_size}); centralised and frozen "
+            f"pairs at {glue.setup(fed, '').length(pairs=True)}{' with segment ids' if glue.segments else ''}; "
+            f"{fed.rounds} rounds of H = {fed.steps} {fed.optimizer} steps (momentum {fed.momentum}, batch "
+            f"{fed.batch_size}); centralised and frozen "
             f"run {fed.steps * fed.devices} steps per round on one party. GLUE overrides of the federation: "
             f"{glue.federation or 'none'}.")
     if glue.min_words:
