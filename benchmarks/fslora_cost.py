@@ -20,6 +20,8 @@ float32, one torch thread, 8 devices with 512 samples each (an equal split), H =
    FedStackLoRA vs FSLoRA, and each method's mean per-device download vs FSLoRA's (Alg. 1 sends all of B, A).
 4. The GLUE main config's cheaper step: one device's FSLoRA `client_update` at k = r (H = 8 AdamW steps of batch 16,
    SST-2) with LoRA in the top 3 blocks over the cached states of the 3 below, against LoRA in all 6 blocks.
+5. Part 4's top-3 step with glue.precision bfloat16 (autocast; eager attention, as the problem sets it) against
+   float32: bfloat16 units (AMX) make it cheaper; a CPU without them makes it dearer.
 
 Times are medians of interleaved runs (timing.compare), so each ratio is measured side by side.
 Run: OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python benchmarks/fslora_cost.py
@@ -181,15 +183,17 @@ def server_time(seeds, problem, clients, ranks) -> None:
               f"{total[name] / total['FSLoRA']:>13.2f} {down[name] / 1024:>13.1f} {down[name] / down['FSLoRA']:>8.2f}")
 
 
-def real_model(blocks: int = 6, sgd: LocalSGD | None = None) -> tuple[Seeds, TorchLoRAProblem, dict]:
+def real_model(blocks: int = 6, sgd: LocalSGD | None = None, precision: str = "float32"
+               ) -> tuple[Seeds, TorchLoRAProblem, dict]:
     """FSLoRA's GLUE device on the real model: all-MiniLM-L6-v2 with LoRA (r = 32, no dropout) on query/value of the
-    top `blocks` blocks, SST-2 sentences cut at 48 tokens, the main config's H = 8 steps of batch 16."""
+    top `blocks` blocks, SST-2 sentences cut at 48 tokens, the main config's H = 8 steps of batch 16, matrix products
+    in `precision`."""
     from collabalign.data.paths import shared_data_dir
     from collabalign.methods.fslora.problems import GlueSetup, glue_problem
     from collabalign.models.backbones import minilm_l6
 
     setup = GlueSetup(rank=32, sgd=sgd or LocalSGD(8, 0.01, 16), max_train=512, max_length=48, lora_blocks=blocks,
-                      max_test=64)
+                      max_test=64, precision=precision)
     problem, train = glue_problem("SST-2", shared_data_dir() / "glue", minilm_l6(), setup, Seeds(0))
     return Seeds(0), problem, {"d0": train}
 
@@ -206,6 +210,19 @@ def cached_trunk() -> None:
           f"{times[6] * 1e3:.0f} ms, top 3 over cached states {times[3] * 1e3:.0f} ms: {times[3] / times[6]:.2f}")
 
 
+def bfloat16_step() -> None:
+    """Part 5: part 4's top-3-block device step with its matrix products in bfloat16 (autocast) against float32."""
+    runs, messages = {}, {}
+    for precision in ("float32", "bfloat16"):
+        seeds, problem, clients = real_model(3, LocalSGD(8, 1e-3, 16, optimizer="adamw"), precision)
+        runs[precision] = Run(fslora(problem, {"d0": 32}, 32), clients, seeds)
+        messages[precision] = runs[precision].algorithm.configure(runs[precision].state, 1, ["d0"])["d0"]
+    times = compare({p: (lambda p=p: runs[p].device("d0", messages[p], 1)) for p in runs}, rounds=7)
+    print(f"\n5. Part 4's top-3 step, products in bfloat16 {times['bfloat16'] * 1e3:.0f} ms against float32 "
+          f"{times['float32'] * 1e3:.0f} ms: {times['bfloat16'] / times['float32']:.2f} (CPU with AMX: "
+          f"{'amx_bf16' in open('/proc/cpuinfo').read()})")
+
+
 def main() -> None:
     torch.manual_seed(0)
     start = time.perf_counter()
@@ -218,6 +235,7 @@ def main() -> None:
     round_device_time(seeds, problem, clients, ranks)
     server_time(seeds, problem, clients, ranks)
     cached_trunk()
+    bfloat16_step()
     print(f"\ntotal {time.perf_counter() - start:.0f} s")
 
 

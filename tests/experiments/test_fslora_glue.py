@@ -24,6 +24,7 @@ GLUE_TOY = [*TOY[:-1], "ablations.run=false", "theory.run=false", "seeds=[0, 1]"
             "federation.min_size=2", "glue.tasks=[SST-2, STS-B]", "glue.budget_task=SST-2", "glue.max_train=40",
             "glue.max_test=40", "glue.lora_blocks=1", "glue.max_length=32", "glue.lr_grid=[0.1]",
             "glue.alpha_grid=[1.0, 8.0]", "glue.federation={rounds: 2, eval_every: 1}", "glue.gate=false",
+            "glue.select_eval_every=2",
             "--no-progress"]
 
 
@@ -56,6 +57,7 @@ def test_each_arms_grid_point_is_chosen_per_task_on_the_selection_slice(glue_run
     selection = [r for r in records if r.get("scored_on") == "select"]
     assert {r["seed"] for r in selection} == {0}
     assert {(r["lr"], r["lora_alpha"]) for r in selection} == {(p.lr, p.alpha) for p in points}
+    assert {r["round"] for r in selection} == {0, 2}  # glue.select_eval_every: the slice scored at the end only
     frozen = {(r["lr"], r["lora_alpha"]) for r in selection if r["method"] == "frozen"}
     assert frozen == {(0.1, 1.0)}  # LoRA alpha changes nothing without LoRA: one run per lr
     scored = [r for r in records if r.get("scored_on") == "dev" and r["experiment"] == "E1"]
@@ -147,15 +149,17 @@ def test_settings_added_later_key_new_runs_only_away_from_the_value_cached_runs_
     def with_glue(**update):
         return cfg.model_copy(update={"glue": cfg.glue.model_copy(update=update)})
 
-    legacy = with_glue(segments=False, pair_max_length=None, min_words={})
+    legacy = with_glue(segments=False, pair_max_length=None, min_words={}, precision="float32", select_eval_every=None)
     dump = legacy.glue.model_dump(mode="json", exclude={"tasks", "budget_task", "gate", "data", "segments",
-                                                         "pair_max_length", "min_words"})
+                                                         "pair_max_length", "min_words", "precision",
+                                                         "select_eval_every"})
     fed = legacy.glue_federation()
     old = {"glue": dump, "federation": fed.model_dump(mode="json", exclude={"optimizer", "weight_decay"})
            | {"engine": legacy.engine.model_dump(mode="json")}, "budget_ratio": legacy.ablations.budget_ratio}
     assert glue.glue_fingerprint(legacy) == fingerprint(old)  # the runs cached before these settings still match
     assert federation_settings(fed, legacy.engine) == old["federation"]
-    for changed in (with_glue(segments=True), with_glue(pair_max_length=128), with_glue(min_words={"SST-2": 10})):
+    for changed in (with_glue(segments=True), with_glue(pair_max_length=128), with_glue(min_words={"SST-2": 10}),
+                    with_glue(precision="bfloat16"), with_glue(select_eval_every=5)):
         assert glue.glue_fingerprint(changed) != glue.glue_fingerprint(legacy)
     adamw = fed.model_copy(update={"optimizer": "adamw"})
     assert federation_settings(adamw, legacy.engine)["optimizer"] == "adamw"

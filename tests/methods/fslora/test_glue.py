@@ -8,7 +8,7 @@ from torch import nn
 from collabalign.data import shared_data_dir
 from collabalign.federation import simulate
 from collabalign.methods.fslora import device_ranks, fslora
-from collabalign.methods.fslora.problems import GlueSetup, LocalSGD, glue_problem
+from collabalign.methods.fslora.problems import PRECISIONS, GlueSetup, LocalSGD, check_precision, glue_problem
 from collabalign.models.backbones import minilm_l6
 from collabalign.seeding import Seeds
 
@@ -72,6 +72,51 @@ def test_stsb_training_fits_the_training_scores(stsb):
         problem.test = test
     assert after["loss"] < 0.5 * before["loss"]
     assert after["pearson"] > max(0.5, before["pearson"] + 0.3)
+
+
+def test_bfloat16_trains_as_float32_does_up_to_rounding(backbone):
+    from dataclasses import replace
+
+    setup = GlueSetup(rank=8, sgd=LocalSGD(steps=30, lr=0.05), max_train=48, max_length=32, max_test=32)
+    scores = {}
+    for precision in PRECISIONS:
+        problem, train = glue_problem("STS-B", shared_data_dir() / "glue", backbone,
+                                      replace(setup, precision=precision), Seeds(0))
+        attention = problem.model.pooled.backbone.config._attn_implementation
+        assert (attention == "eager") == (precision == "bfloat16")  # bfloat16 skips the slow CPU flash backward
+        gen = torch.Generator().manual_seed(0)
+        factors = {n: (np.zeros((m, 8), np.float32), problem.init_a(gen, 8, k)) for n, (m, k) in problem.shapes.items()}
+        trained, head = problem.local_train(factors, problem.init_head(Seeds(0)), 1.0, None, train,
+                                            torch.Generator().manual_seed(0))
+        assert all(B.dtype == A.dtype == np.float32 for B, A in trained.values())  # weights stay float32
+        scores[precision] = problem.evaluate({n: B @ A for n, (B, A) in trained.items()}, head)
+    assert scores["bfloat16"] != scores["float32"]  # the products did run in bfloat16
+    assert abs(scores["bfloat16"]["pearson"] - scores["float32"]["pearson"]) < 0.05
+    assert abs(scores["bfloat16"]["loss"] / scores["float32"]["loss"] - 1) < 0.1
+    with pytest.raises(ValueError, match="precision 'float16' is not one of"):
+        check_precision("float16")
+
+
+def test_the_frozen_head_trains_and_scores_on_features_computed_once_as_through_the_blocks(backbone):
+    setup = GlueSetup(rank=8, sgd=LocalSGD(steps=20, lr=0.01, lora=False, optimizer="adamw"), max_train=48,
+                      max_length=32, max_test=32)
+    problem, train = glue_problem("SST-2", shared_data_dir() / "glue", backbone, setup, Seeds(0))
+    gen = torch.Generator().manual_seed(0)
+    factors = {n: (np.zeros((m, 8), np.float32), problem.init_a(gen, 8, k)) for n, (m, k) in problem.shapes.items()}
+    zero = {n: np.zeros(s, np.float32) for n, s in problem.shapes.items()}
+    runs = []
+    for cached in (True, False):
+        if not cached:
+            problem.frozen_features = lambda: None  # every step through the 3 blocks again
+        _, head = problem.local_train(factors, problem.init_head(Seeds(0)), 1.0, None, train,
+                                      torch.Generator().manual_seed(0))
+        runs.append((head, problem.evaluate(zero, head)))
+    (fast_head, fast), (slow_head, slow) = runs
+    assert problem._frozen is not None and problem._frozen.shape == (48 + 32, 384)
+    assert all(np.allclose(fast_head[n], slow_head[n], atol=1e-5) for n in fast_head)
+    assert fast["accuracy"] == slow["accuracy"] and abs(fast["loss"] - slow["loss"]) < 1e-5
+    problem.load(factors, fast_head, 1.0, None)  # LoRA on: the blocks run again
+    assert not problem._at_w0
 
 
 def test_glue_lora_dropout_is_seeded_by_the_device_generator(backbone):

@@ -74,9 +74,14 @@ class GlueConfig(Strict):
     lr_grid: Grid[PositiveFloat] = [0.01, 0.03, 0.1]
     alpha_grid: Grid[PositiveFloat] = [8.0]
     select_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2  # of the training examples, held out to choose lr
+    select_eval_every: PositiveInt | None = None  # selection runs score the slice this often (None: eval_every);
+    # only their final round chooses the grid point, so the rounds' count scores only that round (and round 0)
     budget_task: str | None = None  # E2 (equal upload budget) on this task too
     gate: bool = True  # the five methods run only on tasks whose references show them learned (glue.py)
     device: str = "cpu"
+    # bfloat16: matrix products of the LoRA blocks and head under autocast (weights, optimiser and losses float32);
+    # about 4x faster on CPUs with AMX (benchmarks/fslora_cost.py), slower on CPUs without bfloat16 units
+    precision: Literal["float32", "bfloat16"] = "float32"
     federation: dict[str, float | int | str] = {}  # overrides of the federation section for GLUE, e.g. {rounds: 10}
 
     @model_validator(mode="after")
@@ -99,7 +104,7 @@ class GlueConfig(Strict):
                          max_length=self.max_length, lora_blocks=self.lora_blocks, targets=tuple(self.targets),
                          max_test=self.max_test, dropout=self.dropout, device=self.device,
                          pair_max_length=self.pair_max_length, segments=self.segments,
-                         min_words=self.min_words.get(task, 0))
+                         min_words=self.min_words.get(task, 0), precision=self.precision)
 
 
 class CommonsenseConfig(Strict):

@@ -125,6 +125,8 @@ def choose(cfg: Config, runner: Runner, task: GlueTask, arms: tuple[str, ...]) -
     points = grid(cfg)
     if len(points) == 1:
         return {arm: {points[0]: float("nan")} for arm in arms}
+    if cfg.glue.select_eval_every is not None:
+        runner = runner.variant(eval_every=cfg.glue.select_eval_every)
     out: dict[str, dict[Point, float]] = {}
     for arm in arms:
         out[arm] = {}
@@ -250,7 +252,8 @@ def selection_table(cfg: Config, choices: dict, chance: dict, plateau: dict) -> 
 
 # GLUE settings added after runs were cached, at the value those runs had: a setting at it stays out of the key,
 # so the cached runs still match; another value keys new runs
-LEGACY_GLUE = {"pair_max_length": None, "segments": False, "min_words": {}}
+LEGACY_GLUE = {"pair_max_length": None, "segments": False, "min_words": {}, "precision": "float32",
+               "select_eval_every": None}
 
 
 def glue_fingerprint(cfg: Config) -> str:

@@ -35,9 +35,9 @@ def jsonl_problem(data: LabelledJsonl, backbone: Backbone,
     pooled = PooledModel(copy.deepcopy(backbone.model).eval(), backbone.causal, texts.num_labels)  # caller's stays
     split = lora_top_blocks(pooled, setup.lora_blocks, setup.targets, setup.rank, dropout=setup.dropout)
     second = None if texts.text_b is None else [texts.text_b[i] for i in rows]
-    cache = cache_texts(pooled, backbone.tokenizer, [texts.text_a[i] for i in rows], setup.max_length, split,
-                        second, truncation_side="right")
+    cache = cache_texts(pooled, backbone.tokenizer, [texts.text_a[i] for i in rows], setup.length(second is not None),
+                        split, second, truncation_side="right", segments=setup.segments)
     examples = ClassificationData(torch.arange(len(rows)), torch.from_numpy(texts.labels[rows]))
     problem = TorchLoRAProblem(CachedModel(pooled.to(setup.device), cache), ["pooled.head.weight", "pooled.head.bias"],
-                               examples[len(train):], setup.sgd, device=setup.device)
+                               examples[len(train):], setup.sgd, device=setup.device, precision=setup.precision)
     return problem, examples[:len(train)]

@@ -36,6 +36,21 @@ from collabalign.models.pooled import PooledModel
 from collabalign.seeding import Seeds
 
 Factors = dict[str, tuple[np.ndarray, np.ndarray]]  # layer -> (B (m, k), A (k, n))
+PRECISIONS = ("float32", "bfloat16")  # of the matrix products; weights, optimiser state and losses stay float32
+
+
+def check_precision(precision: str) -> str:
+    if precision not in PRECISIONS:
+        raise ValueError(f"precision {precision!r} is not one of {list(PRECISIONS)}")
+    return precision
+
+
+def eager_attention(model: nn.Module) -> None:
+    """The Hugging Face modules in `model` switched to their eager attention (matrix products and a softmax)."""
+    for module in model.modules():
+        config = getattr(module, "config", None)
+        if hasattr(config, "_attn_implementation"):
+            config._attn_implementation = "eager"
 
 
 @dataclass(frozen=True)
@@ -99,8 +114,11 @@ class TorchLoRAProblem:
 
     def __init__(self, model: nn.Module, head_names: list[str], test: ClassificationData, sgd: LocalSGD,
                  metric: tuple[str, Callable[[np.ndarray, np.ndarray], float]] | None = None,
-                 eval_batch_size: int = 512, device: str = "cpu"):
+                 eval_batch_size: int = 512, device: str = "cpu", precision: str = "float32"):
         self.device = torch.device(device)
+        self.precision = check_precision(precision)
+        if precision == "bfloat16":  # PyTorch's CPU flash-attention backward in bfloat16 is ~8x slower than float32's
+            eager_attention(model)
         self.model = model.to(self.device).eval()
         self.regression = test.y.is_floating_point()
         self.test, self.sgd = test, sgd
@@ -113,6 +131,8 @@ class TorchLoRAProblem:
             metric = ("pearson", pearson_corr)
         self.metric = metric  # (name, fn(preds, labels)) reported beside accuracy/loss, e.g. Matthews corr. for CoLA
         self.eval_batch_size = eval_batch_size
+        self._at_w0 = False  # the loaded model is W0 with LoRA off: the frozen backbone (set by `load`)
+        self._frozen: Tensor | None = None  # the head's inputs at W0 for every cached row, computed once
 
     @property
     def shapes(self) -> dict[str, tuple[int, int]]:
@@ -136,6 +156,7 @@ class TorchLoRAProblem:
 
     def load(self, factors: Factors | None, head: Params, scale: float | dict[str, float],
               base: dict[str, np.ndarray] | None) -> None:
+        self._at_w0 = factors is None and (base is None or not any(np.any(b) for b in base.values()))
         with torch.no_grad():
             for name, layer in self.layers.items():
                 w = self.w0[name] if base is None else self.w0[name] + self._tensor(base[name])
@@ -155,8 +176,46 @@ class TorchLoRAProblem:
         """MSE of the first output for regression, else cross-entropy."""
         return F.mse_loss(logits[:, 0], y) if self.regression else F.cross_entropy(logits, y)
 
+    def forward(self, x: Tensor) -> Tensor:
+        """The model's outputs on rows `x`, as float32 (matrix products in `precision` under autocast). At W0 with LoRA
+        off (the frozen arm, a head alone) the head runs on its inputs computed once (`frozen_features`)."""
+        frozen = self.frozen_features() if self._at_w0 else None
+        if frozen is not None:
+            return self.model.get_submodule(self.head_modules[0])(frozen[x].to(self.device))
+        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision == "bfloat16"):
+            return self.model(x.to(self.device)).float()
+
+    @torch.no_grad()
+    def frozen_features(self) -> Tensor | None:
+        """The head's inputs for every row of a cached-text model (`CachedModel`) at W0 with LoRA off, computed once
+        on the first call; None for other models (no row cache, or no single head layer)."""
+        rows = len(getattr(self.model, "cache", ()))
+        if self._frozen is None and rows and len(self.head_modules) == 1:
+            layers = [(layer, layer.enabled, layer.base.weight.clone()) for layer in self.layers.values()]
+            captured: list[Tensor] = []
+            head = self.model.get_submodule(self.head_modules[0])
+            handle = head.register_forward_pre_hook(lambda module, args: captured.append(args[0].float().cpu()))
+            try:
+                for layer, _, _ in layers:
+                    layer.enabled = False
+                self._reset_bases()
+                with torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision == "bfloat16"):
+                    for start in range(0, rows, self.eval_batch_size):
+                        self.model(torch.arange(start, min(start + self.eval_batch_size, rows)).to(self.device))
+            finally:
+                handle.remove()
+                for layer, enabled, weight in layers:
+                    layer.enabled = enabled
+                    layer.base.weight.copy_(weight)
+            self._frozen = torch.cat(captured)
+        return self._frozen
+
+    def _reset_bases(self) -> None:
+        for name, layer in self.layers.items():
+            layer.base.weight.copy_(self.w0[name])
+
     def loss(self, batch: ClassificationData) -> Tensor:
-        return self._criterion(self.model(batch.x.to(self.device)), batch.y.to(self.device))
+        return self._criterion(self.forward(batch.x), batch.y.to(self.device))
 
     def local_train(self, factors: Factors, head: Params, scale: float | dict[str, float],
                     base: dict[str, np.ndarray] | None, data: ClassificationData,
@@ -188,9 +247,12 @@ class TorchLoRAProblem:
         """`local_train` for many devices as one batched computation (`lora.stacked`): the same steps, batches and
         results as one device after another, up to rounding. Devices with dense bases that differ (FedStackLoRA) or
         LoRA dropout (its masks are drawn per device), and problems with a loss of their own, run one after another;
-        one base shared by every device (FedEx-LoRA's) is loaded once."""
+        one base shared by every device (FedEx-LoRA's) is loaded once; heads alone on frozen features need no
+        stacking."""
         dropout = self.sgd.lora and any(isinstance(layer.dropout, nn.Dropout) for layer in self.layers.values())
-        if not self.batched or dropout or len(jobs) < 2 or not _same_base(jobs) or \
+        head_only = not self.sgd.lora and all(job.base is None for job in jobs) and \
+            self.frozen_features() is not None
+        if not self.batched or dropout or head_only or len(jobs) < 2 or not _same_base(jobs) or \
                 len({job.train_a for job in jobs}) > 1:
             return [self.local_train(*job) for job in jobs]
         sgd, lora = self.sgd, self.sgd.lora
@@ -205,6 +267,7 @@ class TorchLoRAProblem:
         heads = [{m: (self._tensor(job.head[f"{m}.weight"]), self._tensor(job.head[f"{m}.bias"]))
                   for m in self.head_modules} for job in jobs]
         self.load(None, jobs[0].head, 1.0, jobs[0].base)  # the base weights: W0, or W0 + the shared base
+        self._at_w0 = False  # the stacked LoRA layers run: not the frozen backbone
         with stacked(self.model, factors if lora else None, [job.scale for job in jobs], heads) as stack, \
                 self._training(lora):
             route(self.model, routing(sizes, self.device))
@@ -212,7 +275,7 @@ class TorchLoRAProblem:
             optimizer = sgd.make([p for n, p in zip(stack.names, stack.params, strict=True) if n not in frozen])
             for step in steps:
                 batch = data[step]
-                logits, y = self.model(batch.x.to(self.device)), batch.y.to(self.device)
+                logits, y = self.forward(batch.x), batch.y.to(self.device)
                 loss = sum(self._criterion(logits[a:b], y[a:b]) for a, b in zip([0, *ends[:-1]], ends, strict=True))
                 optimizer.zero_grad()
                 loss.backward()
@@ -261,7 +324,7 @@ class TorchLoRAProblem:
         """Metric and loss of the model W0 + delta (LoRA off) on the held-out set: accuracy, cross-entropy and
         `metric` for classification; `metric` (Pearson correlation by default) and MSE for regression."""
         self.load(None, head, 1.0, delta)
-        logits = torch.cat([self.model(self.test.x[s:s + self.eval_batch_size].to(self.device)).cpu()
+        logits = torch.cat([self.forward(self.test.x[s:s + self.eval_batch_size]).cpu()
                             for s in range(0, len(self.test), self.eval_batch_size)])
         preds = logits[:, 0] if self.regression else logits.argmax(-1)
         out = {} if self.regression else {"accuracy": float((preds == self.test.y).double().mean())}
@@ -362,6 +425,7 @@ class GlueSetup:
     pair_max_length: int | None = None  # text pairs cut at this many tokens instead (None: max_length)
     segments: bool = False  # text pairs with segment ids (the second text is segment 1)
     min_words: int = 0  # training texts (single-text tasks) with fewer words are left out: SST-2's phrases
+    precision: str = "float32"  # bfloat16: the LoRA blocks' and head's matrix products under autocast (PRECISIONS)
 
     def length(self, pairs: bool) -> int:
         """Tokens a text (or, with `pairs`, a text pair) is cut at."""
@@ -397,5 +461,5 @@ def glue_problem(task: str, root: Path | None, backbone: Backbone, setup: GlueSe
     test = data[len(keep):]
     metric = None if dev_set.metric == "accuracy" else (dev_set.metric, lambda p, y: glue_metric(task, p, y))
     problem = TorchLoRAProblem(model, ["pooled.head.weight", "pooled.head.bias"], test, setup.sgd, metric,
-                               device=setup.device)
+                               device=setup.device, precision=setup.precision)
     return problem, data[: len(keep)]
