@@ -182,8 +182,11 @@ class TorchLoRAProblem:
         frozen = self.frozen_features() if self._at_w0 else None
         if frozen is not None:
             return self.model.get_submodule(self.head_modules[0])(frozen[x].to(self.device))
-        with torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision == "bfloat16"):
+        with self._autocast():
             return self.model(x.to(self.device)).float()
+
+    def _autocast(self) -> torch.autocast:
+        return torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision == "bfloat16")
 
     @torch.no_grad()
     def frozen_features(self) -> Tensor | None:
@@ -191,28 +194,24 @@ class TorchLoRAProblem:
         on the first call; None for other models (no row cache, or no single head layer)."""
         rows = len(getattr(self.model, "cache", ()))
         if self._frozen is None and rows and len(self.head_modules) == 1:
-            layers = [(layer, layer.enabled, layer.base.weight.clone()) for layer in self.layers.values()]
+            saved = {name: (layer.enabled, layer.base.weight.clone()) for name, layer in self.layers.items()}
             captured: list[Tensor] = []
             head = self.model.get_submodule(self.head_modules[0])
             handle = head.register_forward_pre_hook(lambda module, args: captured.append(args[0].float().cpu()))
             try:
-                for layer, _, _ in layers:
+                for name, layer in self.layers.items():
                     layer.enabled = False
-                self._reset_bases()
-                with torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision == "bfloat16"):
+                    layer.base.weight.copy_(self.w0[name])
+                with self._autocast():
                     for start in range(0, rows, self.eval_batch_size):
                         self.model(torch.arange(start, min(start + self.eval_batch_size, rows)).to(self.device))
             finally:
                 handle.remove()
-                for layer, enabled, weight in layers:
-                    layer.enabled = enabled
-                    layer.base.weight.copy_(weight)
+                for name, (enabled, weight) in saved.items():
+                    self.layers[name].enabled = enabled
+                    self.layers[name].base.weight.copy_(weight)
             self._frozen = torch.cat(captured)
         return self._frozen
-
-    def _reset_bases(self) -> None:
-        for name, layer in self.layers.items():
-            layer.base.weight.copy_(self.w0[name])
 
     def loss(self, batch: ClassificationData) -> Tensor:
         return self._criterion(self.forward(batch.x), batch.y.to(self.device))
