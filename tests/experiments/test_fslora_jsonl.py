@@ -54,6 +54,16 @@ def test_the_jsonl_dev_split_is_held_out_of_training_and_the_selection_slice(reg
     assert task.problem.regression == regression and (task.chance == 0.0) == regression
 
 
+def test_jsonl_pairs_are_cut_at_the_pair_length_as_glue_pairs_are(tmp_path):
+    data = tmp_path / "pairs.jsonl"
+    words = " ".join(f"word{i}" for i in range(40))
+    data.write_text("".join(json.dumps({"text": words, "text_pair": words, "label": i % 2}) + "\n" for i in range(30)))
+    cfg = load_config(config_path("fslora", quick=True), jsonl_overrides(data, "glue.max_length=8",
+                                                                         "glue.pair_max_length=24"))[2]
+    task = glue.load_task(cfg, "mine", tiny_llama(), Runner(cfg.glue_federation(), cfg.engine, progress=False))
+    assert task.problem.model.cache.tokens.input_ids.shape[1] == 24  # not max_length's 8
+
+
 def test_the_jsonl_file_keys_the_cached_glue_runs(tmp_path):
     data = write_labelled(tmp_path / "mine.jsonl")
     cfg = load_config(config_path("fslora", quick=True), jsonl_overrides(data))[2]

@@ -75,12 +75,12 @@ class GlueConfig(Strict):
     alpha_grid: Grid[PositiveFloat] = [8.0]
     select_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2  # of the training examples, held out to choose lr
     select_eval_every: PositiveInt | None = None  # selection runs score the slice this often (None: eval_every);
-    # only their final round chooses the grid point, so the rounds' count scores only that round (and round 0)
+    # only their final round chooses the grid point: at the rounds' count they score round 0 and the last only
     budget_task: str | None = None  # E2 (equal upload budget) on this task too
     gate: bool = True  # the five methods run only on tasks whose references show them learned (glue.py)
     device: str = "cpu"
     # bfloat16: matrix products of the LoRA blocks and head under autocast (weights, optimiser and losses float32);
-    # about 4x faster on CPUs with AMX (benchmarks/fslora_cost.py), slower on CPUs without bfloat16 units
+    # half float32's step time on this CPU with AMX (benchmarks/fslora_cost.py), slower on CPUs without bfloat16 units
     precision: Literal["float32", "bfloat16"] = "float32"
     federation: dict[str, float | int | str] = {}  # overrides of the federation section for GLUE, e.g. {rounds: 10}
 
