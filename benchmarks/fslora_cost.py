@@ -30,6 +30,7 @@ Run: OMP_NUM_THREADS=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 .venv/bin/python 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import torch
 from timing import compare
@@ -220,7 +221,13 @@ def bfloat16_step() -> None:
     times = compare({p: (lambda p=p: runs[p].device("d0", messages[p], 1)) for p in runs}, rounds=7)
     print(f"\n5. Part 4's top-3 step, products in bfloat16 {times['bfloat16'] * 1e3:.0f} ms against float32 "
           f"{times['float32'] * 1e3:.0f} ms: {times['bfloat16'] / times['float32']:.2f} (CPU with AMX: "
-          f"{'amx_bf16' in open('/proc/cpuinfo').read()})")
+          f"{cpu_has('amx_bf16')})")
+
+
+def cpu_has(flag: str) -> bool | None:
+    """Whether /proc/cpuinfo lists `flag` (None where there is no such file)."""
+    info = Path("/proc/cpuinfo")
+    return flag in info.read_text() if info.exists() else None
 
 
 def main() -> None:
