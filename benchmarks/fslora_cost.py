@@ -199,26 +199,27 @@ def real_model(blocks: int = 6, sgd: LocalSGD | None = None, precision: str = "f
     return Seeds(0), problem, {"d0": train}
 
 
+def top_block_steps(variants: dict) -> dict:
+    """Median seconds of one device's FSLoRA `client_update` at k = r = 32 (8 AdamW steps x batch 16, lr 1e-3, as
+    the main config) per variant: name -> (LoRA blocks, precision), timed side by side."""
+    runs, messages = {}, {}
+    for name, (blocks, precision) in variants.items():
+        seeds, problem, clients = real_model(blocks, LocalSGD(8, 1e-3, 16, optimizer="adamw"), precision)
+        runs[name] = Run(fslora(problem, {"d0": 32}, 32), clients, seeds)
+        messages[name] = runs[name].algorithm.configure(runs[name].state, 1, ["d0"])["d0"]
+    return compare({n: (lambda n=n: runs[n].device("d0", messages[n], 1)) for n in runs}, rounds=7)
+
+
 def cached_trunk() -> None:
     """Part 4: LoRA in the top 3 blocks over cached trunk states against LoRA in all 6 (AdamW, as the main config)."""
-    runs, messages = {}, {}
-    for blocks in (6, 3):
-        seeds, problem, clients = real_model(blocks, LocalSGD(8, 1e-3, 16, optimizer="adamw"))
-        runs[blocks] = Run(fslora(problem, {"d0": 32}, 32), clients, seeds)
-        messages[blocks] = runs[blocks].algorithm.configure(runs[blocks].state, 1, ["d0"])["d0"]
-    times = compare({b: (lambda b=b: runs[b].device("d0", messages[b], 1)) for b in runs}, rounds=7)
+    times = top_block_steps({6: (6, "float32"), 3: (3, "float32")})
     print(f"\n4. GLUE device step (SST-2, 8 AdamW steps x batch 16, k = r = 32): LoRA in all 6 blocks "
           f"{times[6] * 1e3:.0f} ms, top 3 over cached states {times[3] * 1e3:.0f} ms: {times[3] / times[6]:.2f}")
 
 
 def bfloat16_step() -> None:
     """Part 5: part 4's top-3-block device step with its matrix products in bfloat16 (autocast) against float32."""
-    runs, messages = {}, {}
-    for precision in ("float32", "bfloat16"):
-        seeds, problem, clients = real_model(3, LocalSGD(8, 1e-3, 16, optimizer="adamw"), precision)
-        runs[precision] = Run(fslora(problem, {"d0": 32}, 32), clients, seeds)
-        messages[precision] = runs[precision].algorithm.configure(runs[precision].state, 1, ["d0"])["d0"]
-    times = compare({p: (lambda p=p: runs[p].device("d0", messages[p], 1)) for p in runs}, rounds=7)
+    times = top_block_steps({p: (3, p) for p in ("float32", "bfloat16")})
     print(f"\n5. Part 4's top-3 step, products in bfloat16 {times['bfloat16'] * 1e3:.0f} ms against float32 "
           f"{times['float32'] * 1e3:.0f} ms: {times['bfloat16'] / times['float32']:.2f} (CPU with AMX: "
           f"{cpu_has('amx_bf16')})")

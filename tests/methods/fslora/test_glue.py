@@ -38,6 +38,12 @@ def test_glue_problem_trains_lora_on_cached_top_block(backbone, task, extra):
     assert any(abs(result.state[k]).sum() > 0 for k in result.state if k.endswith(".B"))
 
 
+def fresh_factors(problem, rank=8):
+    """LoRA factors as a run starts them: B zero, A PEFT's uniform init (seed 0)."""
+    gen = torch.Generator().manual_seed(0)
+    return {n: (np.zeros((m, rank), np.float32), problem.init_a(gen, rank, k)) for n, (m, k) in problem.shapes.items()}
+
+
 @pytest.fixture(scope="module")
 def stsb(backbone):
     setup = GlueSetup(rank=8, sgd=LocalSGD(steps=30, lr=0.05), max_train=48, max_length=32, max_test=32)
@@ -60,8 +66,7 @@ def test_stsb_is_a_one_output_regression_scored_by_pearson(stsb):
 def test_stsb_training_fits_the_training_scores(stsb):
     problem, train = stsb
     shapes = problem.shapes
-    gen = torch.Generator().manual_seed(0)
-    factors = {n: (np.zeros((m, 8), np.float32), problem.init_a(gen, 8, k)) for n, (m, k) in shapes.items()}
+    factors = fresh_factors(problem)
     head = problem.init_head(Seeds(0))
     trained, new_head = problem.local_train(factors, head, 1.0, None, train, torch.Generator().manual_seed(0))
     test, problem.test = problem.test, train  # score the training rows
@@ -84,9 +89,7 @@ def test_bfloat16_trains_as_float32_does_up_to_rounding(backbone):
                                       replace(setup, precision=precision), Seeds(0))
         attention = problem.model.pooled.backbone.config._attn_implementation
         assert (attention == "eager") == (precision == "bfloat16")  # bfloat16 skips the slow CPU flash backward
-        gen = torch.Generator().manual_seed(0)
-        factors = {n: (np.zeros((m, 8), np.float32), problem.init_a(gen, 8, k)) for n, (m, k) in problem.shapes.items()}
-        trained, head = problem.local_train(factors, problem.init_head(Seeds(0)), 1.0, None, train,
+        trained, head = problem.local_train(fresh_factors(problem), problem.init_head(Seeds(0)), 1.0, None, train,
                                             torch.Generator().manual_seed(0))
         assert all(B.dtype == A.dtype == np.float32 for B, A in trained.values())  # weights stay float32
         scores[precision] = problem.evaluate({n: B @ A for n, (B, A) in trained.items()}, head)
@@ -101,8 +104,7 @@ def test_the_frozen_head_trains_and_scores_on_features_computed_once_as_through_
     setup = GlueSetup(rank=8, sgd=LocalSGD(steps=20, lr=0.01, lora=False, optimizer="adamw"), max_train=48,
                       max_length=32, max_test=32)
     problem, train = glue_problem("SST-2", shared_data_dir() / "glue", backbone, setup, Seeds(0))
-    gen = torch.Generator().manual_seed(0)
-    factors = {n: (np.zeros((m, 8), np.float32), problem.init_a(gen, 8, k)) for n, (m, k) in problem.shapes.items()}
+    factors = fresh_factors(problem)
     zero = {n: np.zeros(s, np.float32) for n, s in problem.shapes.items()}
     runs = []
     for cached in (True, False):

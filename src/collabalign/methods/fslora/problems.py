@@ -181,9 +181,12 @@ class TorchLoRAProblem:
         off (the frozen arm, a head alone) the head runs on its inputs computed once (`frozen_features`)."""
         frozen = self.frozen_features() if self._at_w0 else None
         if frozen is not None:
-            return self.model.get_submodule(self.head_modules[0])(frozen[x].to(self.device))
+            return self._head_layer()(frozen[x].to(self.device))
         with self._autocast():
             return self.model(x.to(self.device)).float()
+
+    def _head_layer(self) -> nn.Module:
+        return self.model.get_submodule(self.head_modules[0])
 
     def _autocast(self) -> torch.autocast:
         return torch.autocast(self.device.type, torch.bfloat16, enabled=self.precision == "bfloat16")
@@ -196,8 +199,8 @@ class TorchLoRAProblem:
         if self._frozen is None and rows and len(self.head_modules) == 1:
             saved = {name: (layer.enabled, layer.base.weight.clone()) for name, layer in self.layers.items()}
             captured: list[Tensor] = []
-            head = self.model.get_submodule(self.head_modules[0])
-            handle = head.register_forward_pre_hook(lambda module, args: captured.append(args[0].float().cpu()))
+            handle = self._head_layer().register_forward_pre_hook(
+                lambda module, args: captured.append(args[0].float().cpu()))
             try:
                 for name, layer in self.layers.items():
                     layer.enabled = False
