@@ -58,6 +58,7 @@ def test_yaml_aliases_are_refused_in_config_files_and_overrides(tmp_path, capsys
 def test_a_too_large_config_or_override_is_refused_by_size(tmp_path, capsys):
     big = write_config(tmp_path / "big.yaml", f"bogus: '{'x' * MAX_CONFIG_BYTES}'\n")
     assert f"bytes; a config file may have at most {MAX_CONFIG_BYTES:,}" in one_line_error(["run", str(big)], capsys)
+    assert "a config file may have at most" in one_line_error(["run", "/dev/zero"], capsys)  # an endless file
     err = one_line_error(["run", "quickstart/quick", "bogus=" + "y" * MAX_OVERRIDE_CHARS], capsys)
     assert f"an override may have at most {MAX_OVERRIDE_CHARS:,}" in err
 

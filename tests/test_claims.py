@@ -1,9 +1,11 @@
-"""claims.py: hand-computed intervals and every rule's edge cases (n < 3, ties, zero variance, margins, Holm)."""
+"""claims.py: hand-computed intervals and every rule's edge cases (n < 3, ties, zero variance, lower is better, margins,
+Holm's step-down over cells)."""
 
 import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from collabalign import claims
 from collabalign.claims import equivalence, exact, in_band, interval, non_inferiority, not_run, slopes, superiority
@@ -200,3 +202,116 @@ def test_a_ratio_margin_is_a_factor_in_every_cell_too():
     c = non_inferiority("x1.5 worse at most", "", margin=0.5, scale="ratio", lower_is_better=True)
     rec = c.decide_cells({"a": (NEAR_X16 * BASE, BASE), "b": (NEAR_X16[::-1] * BASE, BASE)})
     assert rec["verdict"] == "not reproduced" and rec["holm"]["refuted"] == 2 and rec["margin"] == 0.5
+
+
+def t_interval(d: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    """The two-sided t-interval of the mean of `d`, computed here independently of claims.py."""
+    half = stats.t.ppf(0.5 + level / 2, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size)
+    return d.mean() - half, d.mean() + half
+
+
+# Lower is better (errors, losses): the claim is about b - a, the record keeps a - b as measured.
+@pytest.mark.parametrize(("claim", "d", "verdict"), [
+    (superiority("A's error lower", "", lower_is_better=True), [-2.0, -1.0, 0.0], "inconclusive"),  # [-3.48, 1.48]
+    (superiority("A's error lower", "", lower_is_better=True), [-2.0, -2.1, -1.9], "reproduced"),
+    (superiority("lower by 0.5", "", smallest_effect=0.5, lower_is_better=True), [-0.1, -0.2, -0.3],
+     "not reproduced"),  # a - b in [-0.45, 0.05]: the gain's upper end 0.45 is below 0.5
+    (superiority("lower by 0.5", "", smallest_effect=0.5, lower_is_better=True), [-0.15, -0.3, -0.45],
+     "inconclusive"),  # [-0.67, 0.07]: the gain may reach 0.67
+    (non_inferiority("A's error at most B's + 0.5", "", 0.5, lower_is_better=True), [0.1, 0.15, 0.2],
+     "reproduced"),  # [0.03, 0.27]
+    (non_inferiority("A's error at most B's + 0.5", "", 0.5, lower_is_better=True), [0.2, 0.3, 0.4],
+     "inconclusive"),  # [0.05, 0.55]: straddles 0.5
+    (non_inferiority("A's error at most B's + 0.5", "", 0.5, lower_is_better=True), [0.8, 0.9, 1.0],
+     "not reproduced"),  # [0.65, 1.15]
+], ids=["lower-unclear", "lower", "below-the-smallest-effect", "may-reach-the-smallest-effect", "within-the-margin",
+        "may-pass-the-margin", "past-the-margin"])
+def test_lower_is_better_interval_ends_and_verdicts(claim, d, verdict):
+    b = np.array([3.0, 4.0, 5.0])
+    rec = claim.decide(b + d, b)
+    assert rec["verdict"] == verdict
+    assert rec["estimate"] == pytest.approx(np.mean(d)) and rec["lower_is_better"] is True
+    assert rec["interval"] == pytest.approx(t_interval(np.array(d)), abs=1e-5)
+
+
+@pytest.mark.parametrize(("ratios", "verdict"), [
+    ([0.5, 0.6, 0.7], "reproduced"),  # A's error ratio in [0.39, 0.90]: below x1.1
+    ([0.9, 1.05, 1.2], "inconclusive"),  # [0.73, 1.49]
+    ([1.3, 1.4, 1.5], "not reproduced"),  # wholly above x1.1
+], ids=["within-the-margin", "may-pass-the-margin", "past-the-margin"])
+def test_lower_is_better_on_the_ratio_scale(ratios, verdict):
+    claim = non_inferiority("A's error at most x1.1 of B's", "", 0.1, scale="ratio", lower_is_better=True)
+    b = np.array([2.0, 1.0, 4.0])
+    rec = claim.decide(np.array(ratios) * b, b)
+    low, high = t_interval(np.log(ratios))
+    assert rec["verdict"] == verdict
+    assert rec["estimate"] == pytest.approx(np.exp(np.mean(np.log(ratios))), rel=1e-5)
+    assert rec["interval"] == pytest.approx([math.exp(low), math.exp(high)], rel=1e-5)
+
+
+def test_lower_is_better_in_every_cell_orients_the_gain_and_the_worst_cell():
+    zeros = np.zeros(5)
+    c = superiority("lower error in every cell", "", lower_is_better=True)
+    much = np.array([-1.0, -1.1, -0.9, -1.05, -0.95])
+    little = much / 5  # still clearly lower, by less: the worst cell
+    rec = c.decide_cells({"much": (much, zeros), "little": (little, zeros)})
+    assert rec["verdict"] == "reproduced" and rec["worst_cell"] == "little"
+    assert rec["estimate"] == pytest.approx(-0.2) and rec["cells"]["much"]["estimate"] == pytest.approx(-1.0)
+    assert c.decide_cells({"much": (-much, zeros), "little": (little, zeros)})["verdict"] == "not reproduced"
+
+
+def cell_with_p(p: float) -> np.ndarray:
+    """Five replicates (sd sqrt(2.5)) whose mean's one-sided t-test against 0 has p-value `p`."""
+    spread = np.array([-2.0, -1.0, 0.0, 1.0, 2.0])
+    return spread + stats.t.isf(p, 4) * spread.std(ddof=1) / math.sqrt(5)
+
+
+# Four cells at one-sided p 0.001, 0.007, 0.015, 0.02 (names in the reverse order of p). Each step's interval at
+# 1 - 0.05 / (cells left) confirms a cell when p < 0.025 / (cells left): Holm's step-down confirms d and c (0.007 <
+# 0.0083) and stops at b (0.015 > 0.0125); Bonferroni (0.00625 every step) only d; no correction (0.025) all four;
+# going on past b would add a (0.02 < 0.025).
+HOLM_CELLS = {"a": cell_with_p(0.02), "b": cell_with_p(0.015), "c": cell_with_p(0.007), "d": cell_with_p(0.001)}
+
+
+def test_holm_step_down_confirms_exactly_the_cells_before_the_first_failure():
+    rec = superiority("A > B in every cell", "").decide_cells({c: (v, np.zeros(5)) for c, v in HOLM_CELLS.items()})
+    assert {c for c, cell in rec["cells"].items() if cell["confirmed"]} == {"c", "d"}
+    assert rec["holm"] == {"confirmed": 2, "refuted": 0, "cells": 4} and rec["verdict"] == "inconclusive"
+    assert [claims.one_sided_p(HOLM_CELLS[c], 0.0) for c in "dcba"] == pytest.approx([0.001, 0.007, 0.015, 0.02])
+
+
+def test_holm_checks_the_cells_in_order_of_p_at_levels_stepping_down(monkeypatch):
+    checked = []
+
+    def spy(values, level=claims.LEVEL):
+        checked.append((next(c for c, v in HOLM_CELLS.items() if np.array_equal(v, values)), level))
+        return interval(values, level)
+
+    monkeypatch.setattr(claims, "interval", spy)
+    assert claims._holm(HOLM_CELLS, lambda g: g, 0.0) == {"c", "d"}
+    assert [c for c, _ in checked] == ["d", "c", "b"]
+    assert [level for _, level in checked] == pytest.approx([1 - 0.05 / 4, 1 - 0.05 / 3, 1 - 0.05 / 2])
+
+
+TIGHT = np.array([-0.02, -0.01, 0.0, 0.01, 0.02])  # narrow enough that every Holm level decides as the mean does
+
+
+@pytest.mark.parametrize("lower_is_better", [False, True])
+def test_a_non_inferiority_margin_is_the_boundary_of_every_cell(lower_is_better):
+    sign = -1.0 if lower_is_better else 1.0  # errors: A worse means a - b above 0
+    gains = {"inside": -0.4, "at": -0.5, "outside": -0.6}  # A worse than B by this much, margin 0.5
+    cells = {c: (sign * (g + TIGHT), np.zeros(5)) for c, g in gains.items()}
+    c = non_inferiority("A at most 0.5 worse in every cell", "", 0.5, lower_is_better=lower_is_better)
+    rec = c.decide_cells(cells)
+    flags = {c: (cell["confirmed"], cell["refuted"]) for c, cell in rec["cells"].items()}
+    assert flags == {"inside": (True, False), "at": (False, False), "outside": (False, True)}
+    assert rec["verdict"] == "not reproduced" and rec["worst_cell"] == "outside"
+
+
+def test_a_smallest_effect_refutes_superiority_in_a_cell_below_it():
+    c = superiority("A above B by 0.5 in every cell", "", smallest_effect=0.5)
+    rec = c.decide_cells({"clear": (1.0 + TIGHT, np.zeros(5)), "tiny": (10 * TIGHT, np.zeros(5))})
+    flags = {c: (cell["confirmed"], cell["refuted"]) for c, cell in rec["cells"].items()}
+    assert flags == {"clear": (True, False), "tiny": (False, True)} and rec["verdict"] == "not reproduced"
+    assert superiority("", "").decide_cells({"clear": (1.0 + TIGHT, 0.0), "tiny": (10 * TIGHT, 0.0)})[
+        "verdict"] == "inconclusive"  # without one, a cell around 0 is unclear, not refuted

@@ -65,7 +65,7 @@ def test_a_folder_of_another_config_is_refused_unless_forced_and_files_are_world
     out = tmp_path / "run"
     assert main(["run", quick, *TINY, "train.rounds=1", "--out", str(out), "--no-progress"]) == 0
     assert main(["run", quick, *TINY, "train.rounds=2", "--out", str(out), "--no-progress"]) == 2
-    assert "holds other files or a run of a different config" in capsys.readouterr().err
+    assert "holds a run of another config; choose another folder, or --force" in capsys.readouterr().err
     assert main(["run", quick, *TINY, "train.rounds=2", "--out", str(out), "--no-progress", "--force"]) == 0
     for path in (out / "config.yaml", out / "metrics.jsonl", out / "summary.json", out / "status.json"):
         assert stat.S_IMODE(path.stat().st_mode) & 0o044 == 0o044, path
@@ -77,13 +77,13 @@ def test_a_failed_run_records_the_error(tmp_path, env, monkeypatch):
     from collabalign.experiments.quickstart import comparison
 
     def broken(*_args, **_kw):
-        raise RuntimeError("out of memory")
+        raise RuntimeError("a bug in the method")
 
     monkeypatch.setattr(comparison, "simulate", broken)
     with pytest.raises(RuntimeError):
         main(["run", str(config_path("quickstart", quick=True)), *TINY, "--out", str(tmp_path / "r"), "--no-progress"])
     status = json.loads((tmp_path / "r" / "status.json").read_text())
-    assert status["status"] == "failed" and status["error"] == "RuntimeError: out of memory"
+    assert status["status"] == "failed" and status["error"] == "RuntimeError: a bug in the method"
 
 
 def test_cached_json_recomputes_only_when_the_fingerprint_changes(tmp_path):

@@ -78,7 +78,7 @@ def test_deploy_refuses_a_folder_that_is_not_a_deployments(tmp_path, capsys):
     code = main(["deploy", "deploy/fslora", "model=tiny-llama", "ranks=[2, 4]", "lora.rank=4", "--nodes", "2",
                  "--out", str(tmp_path / "out")])
     err = capsys.readouterr().err
-    assert code == 2 and "holds thesis.tex, not a deployment's run folder" in err and err.count("\n") == 1
+    assert code == 2 and "holds files not written by collabalign (thesis.tex)" in err and err.count("\n") == 1
 
 
 def test_the_written_app_folder_and_the_projects_flower_app_name_the_same_apps_and_run_config(tmp_path):

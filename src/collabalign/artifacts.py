@@ -10,18 +10,22 @@ model scores), other trained arrays, its metrics, and a manifest (method, base m
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import numpy as np
-from safetensors.numpy import load_file as load_numpy
-from safetensors.numpy import save_file as save_numpy
-from safetensors.torch import save_file
+import safetensors.numpy
+import safetensors.torch
+from safetensors import SafetensorError
 from torch import Tensor
 
 from collabalign import __version__
+from collabalign.config import cut, short
+from collabalign.data.names import inside
 from collabalign.lora.peft_io import write_peft
+from collabalign.runs import atomic_write_bytes, atomic_write_text
 
 MANIFEST = "manifest.json"
 # what an adapter is for: scoring texts (a reward model: one output; a classifier or regressor: K outputs), or
@@ -44,8 +48,8 @@ class Adapter:
     def save(self, path: Path) -> Path:
         write_peft(path, self.tensors, self.config)
         if self.head is not None:
-            save_file({k: v.detach().float().contiguous().clone() for k, v in self.head.items()},
-                      str(path / "head.safetensors"))
+            head = {k: v.detach().float().contiguous().clone() for k, v in self.head.items()}
+            atomic_write_bytes(path / "head.safetensors", safetensors.torch.save(head))
         return path
 
 
@@ -71,14 +75,17 @@ class Result:
                 "arrays": sorted(self.arrays), "max_length": self.max_length, "collabalign": __version__}
 
     def save(self, path: str | Path) -> Path:
-        """Writes the run folder (see the module doc); returns it."""
+        """Writes the run folder (see the module doc), each file atomically and the manifest last, so a folder with a
+        manifest holds a whole result; returns it. Every adapter's folder is checked to be a name inside `adapters/`
+        before anything is written."""
         path = Path(path)
-        path.mkdir(parents=True, exist_ok=True)
+        folders = {name: inside(path / "adapters", name) for name in self.adapters}
         for name, adapter in self.adapters.items():
-            adapter.save(path / "adapters" / name)
+            adapter.save(folders[name])
         if self.arrays:
-            save_numpy({k: np.ascontiguousarray(v) for k, v in self.arrays.items()}, str(path / "arrays.safetensors"))
-        (path / MANIFEST).write_text(json.dumps(self.manifest(), indent=1, default=_plain) + "\n")
+            arrays = {k: np.ascontiguousarray(v) for k, v in self.arrays.items()}
+            atomic_write_bytes(path / "arrays.safetensors", safetensors.numpy.save(arrays))
+        atomic_write_text(path / MANIFEST, json.dumps(self.manifest(), indent=1, default=_plain) + "\n")
         return path
 
 
@@ -94,15 +101,22 @@ def read_manifest(path: str | Path) -> dict[str, Any]:
         manifest = json.loads(file.read_text())
     except FileNotFoundError:
         raise ArtifactError(f"{path}: no {MANIFEST}: not a folder a method's entry point saved") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ArtifactError(f"{file}: unreadable ({err})") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ArtifactError(f"{file}: unreadable ({cut(str(err), 200)})") from None
     if not isinstance(manifest, dict) or not {"method", "kind", "base_model", "adapters"} <= set(manifest):
         raise ArtifactError(f"{file}: not a collabalign manifest")
+    length = manifest.get("max_length", 512)
+    if manifest["kind"] not in get_args(Kind) or not isinstance(manifest["base_model"], str) \
+            or not isinstance(manifest["adapters"], list) or not all(isinstance(n, str) for n in manifest["adapters"]) \
+            or isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ArtifactError(f"{file}: damaged (kind, base_model, adapters or max_length is not as saved); train "
+                            "again or restore it")
     return manifest
 
 
 def adapter_dir(path: str | Path, name: str | None = None) -> Path:
-    """The folder of adapter `name` (optional when the run saved exactly one, or one called "global")."""
+    """The folder of adapter `name` (optional when the run saved exactly one, or one called "global"); an unknown
+    name, or a manifest listing a name that is not a folder inside `adapters/`, is an ArtifactError."""
     names = read_manifest(path)["adapters"]
     if name is None:
         if len(names) == 1 or "global" in names:
@@ -110,11 +124,27 @@ def adapter_dir(path: str | Path, name: str | None = None) -> Path:
         else:
             raise ArtifactError(f"{path}: {len(names)} adapters, name one of: {', '.join(names[:20])}")
     if name not in names:
-        raise ArtifactError(f"{path}: no adapter {name!r}; saved: {', '.join(names[:20]) or 'none'}")
-    return Path(path) / "adapters" / name
+        raise ArtifactError(f"{path}: no adapter {short(name)}; saved: {', '.join(names[:20]) or 'none'}")
+    try:
+        folder = inside(Path(path) / "adapters", name)
+    except ValueError as err:
+        raise ArtifactError(f"{Path(path) / MANIFEST}: adapter {err}") from None
+    if not folder.is_dir():
+        raise ArtifactError(f"{folder}: missing (the run folder is damaged; train again or restore it)")
+    return folder
 
 
 def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
     """A saved run's other arrays (empty when it has none)."""
     file = Path(path) / "arrays.safetensors"
-    return load_numpy(str(file)) if file.exists() else {}
+    return read_safetensors(file, safetensors.numpy.load_file) if file.exists() else {}
+
+
+def read_safetensors(file: Path, load: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """`load(file)`; a missing, unreadable or damaged file is an ArtifactError naming it."""
+    try:
+        return load(str(file))
+    except FileNotFoundError:
+        raise ArtifactError(f"{file}: missing (the run folder is damaged; train again or restore it)") from None
+    except (OSError, SafetensorError) as err:
+        raise ArtifactError(f"{file}: unreadable ({cut(str(err), 200)}); train again or restore it") from None

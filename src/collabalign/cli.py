@@ -11,6 +11,7 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 from typing import Any, NoReturn
@@ -30,11 +31,13 @@ from collabalign.config import (
     validate,
 )
 from collabalign.data.errors import DataError
+from collabalign.deployment import MAX_NODES
 from collabalign.experiments import EXPERIMENTS
 from collabalign.federation.checkpoint import CheckpointError
 from collabalign.federation.engine import RoundFailed
+from collabalign.policy.model import PromptError
 from collabalign.report import summarise_reports, write_report
-from collabalign.runs import RunDir, locked_folder
+from collabalign.runs import RunDir, claimed_folder, fingerprint
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # each method's entry point: (module, config class, train function); the data file's format is the method's
@@ -52,8 +55,9 @@ TRAINERS = {
     "fed-tune": ("collabalign.methods.fed_tune", "FedTuneConfig", "train_fed_tune"),
 }
 # one line and exit code 2, never a traceback
-USER_ERRORS = (ArtifactError, CheckpointError, ConfigError, DataError, MessageError, ValidationError)
+USER_ERRORS = (ArtifactError, CheckpointError, ConfigError, DataError, MessageError, PromptError, ValidationError)
 MAX_ERROR_CHARS = 1000  # an error line is cut to this length
+MAX_NEW_TOKENS = 4096  # `generate --max-new-tokens`
 
 
 def _experiment(name: str) -> ModuleType:
@@ -99,29 +103,20 @@ def run_config(path: Path, overrides: list[str], out: Path | None, progress: boo
     """Validates the config, runs its experiment into a run directory and writes the report; returns report.md.
 
     A folder that already holds this config continues it (finished simulations and cached parts are read back);
-    one holding anything else is refused unless `force`, which also drops its stale checkpoints."""
+    one holding a run of another config is refused unless `force`, which also drops its stale checkpoints; one
+    holding anything else is refused (`runs.claimed_folder`)."""
     path = resolve_config(path)
     name, module, cfg, smoke = load_config(path, overrides)
     check_devices(cfg)
     config = {"experiment": name, "smoke": smoke, **cfg.model_dump(mode="json")}
     target = out or Path("runs") / f"{name}-{path.stem}"
-    with locked_folder(target):
-        _claim_folder(target, config, force)
+    with claimed_folder(target, "run", fingerprint(config), force) as claim:
         run = RunDir(target)
         run.read_status()  # an unreadable status.json is refused before anything is written
+        if claim.replaced:
+            shutil.rmtree(target / "checkpoints", ignore_errors=True)
         run.write_config(config)
         return _execute(run, name, module, cfg, progress)
-
-
-def _claim_folder(target: Path, config: dict[str, Any], force: bool) -> None:
-    if not any(target.iterdir()):
-        return
-    if RunDir(target, create=False).read_config() == config:
-        return
-    if not force:
-        raise ConfigError(f"{target}: holds other files or a run of a different config; choose another --out, "
-                          "or --force to reuse it")
-    shutil.rmtree(target / "checkpoints", ignore_errors=True)
 
 
 def _execute(run: RunDir, name: str, module: ModuleType, cfg: Any, progress: bool) -> Path:
@@ -154,7 +149,7 @@ def resume(run_dir: Path, progress: bool = True) -> Path:
     """Continues the run in `run_dir` from its config snapshot and checkpoints (see `RunDir.next_checkpoint`)."""
     if not (run_dir / "config.yaml").exists():
         raise ConfigError(f"{run_dir}: not a run directory (no config.yaml)")
-    with locked_folder(run_dir):
+    with claimed_folder(run_dir, "resume"):
         run = RunDir(run_dir)
         config = run.read_config()
         name = config.pop("experiment", None)
@@ -173,14 +168,16 @@ def report(folder: Path) -> Path:
     """Rewrites report.md of a run folder (finished, failed or killed), or of every run below a `reproduce` folder
     and its index."""
     if (folder / "config.yaml").exists():
-        name = RunDir(folder, create=False).read_config().get("experiment")
-        return write_report(folder, _experiment(name).TITLE if name in EXPERIMENTS else "")
+        with claimed_folder(folder, "report"):
+            name = RunDir(folder, create=False).read_config().get("experiment")
+            return write_report(folder, _experiment(name).TITLE if name in EXPERIMENTS else "")
     runs = sorted(p.parent for p in folder.glob("*/config.yaml")) if folder.is_dir() else []
     if not runs:
         raise ConfigError(f"{folder}: not a run directory (no config.yaml) nor a folder of runs")
     for run in runs:
         report(run)
-    return summarise_reports([r for r in runs if (r / "summary.json").exists()], folder)
+    with claimed_folder(folder, "report"):
+        return summarise_reports([r for r in runs if (r / "summary.json").exists()], folder)
 
 
 def resolve_config(path: Path) -> Path:
@@ -200,6 +197,12 @@ def config_path(name: str, quick: bool) -> Path:
     return config_dir(name) / ("quick.yaml" if quick else "main.yaml")
 
 
+def out_of_memory(err: BaseException) -> bool:
+    """Whether `err` is a failed allocation (Python's, or torch's on the CPU or an accelerator)."""
+    return isinstance(err, MemoryError) or type(err).__name__ == "OutOfMemoryError" \
+        or "can't allocate memory" in str(err) or "out of memory" in str(err).lower()
+
+
 def error_line(err: Exception) -> str:
     """A user error in one line, 'file: field: problem'; a multi-line message's lines are joined with '; '."""
     if isinstance(err, ValidationError):
@@ -210,18 +213,22 @@ def error_line(err: Exception) -> str:
 
 def train(method: str, data: Path, config: Path | None, overrides: list[str], out: Path, progress: bool) -> Path:
     """Trains `method` through its entry point on a data file (config from a YAML file and/or overrides) and saves
-    the result in `out`; returns the manifest's path."""
+    the result in `out`, a new or empty folder held for the whole run (`runs.claimed_folder`): a failed run leaves it
+    as it was. Returns the manifest's path."""
     if method not in TRAINERS:
-        raise ConfigError(f"unknown method {method!r}; known: {', '.join(TRAINERS)}")
+        raise ConfigError(f"unknown method {short(method)}; known: {', '.join(TRAINERS)}")
     module_name, config_name, function = TRAINERS[method]
     module = importlib.import_module(module_name)
     values = apply_overrides(read_yaml(config) if config is not None else {}, overrides)
     cfg = validate(getattr(module, config_name), values, str(config or "overrides"))
     check_devices(cfg)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise ConfigError(f"{out}: exists and is not an empty folder; choose another --out")
-    result = getattr(module, function)(cfg, data, progress=progress)
-    result.save(out)
+    with claimed_folder(out, "train") as claim:
+        try:
+            result = getattr(module, function)(cfg, data, progress=progress)
+            result.save(out)
+        except BaseException:
+            claim.discard()
+            raise
     shown = {k: v for k, v in result.metrics.items() if isinstance(v, int | float | str)}
     print(f"{method}: {json.dumps(shown)}", file=sys.stderr)
     return out / "manifest.json"
@@ -254,15 +261,38 @@ def score(run: Path, file: Path, user: str | None, adapter: str | None) -> None:
 
 def generate(run: Path, prompts: list[str], adapter: str | None, max_new_tokens: int, temperature: float,
              seed: int) -> None:
-    """Prints one reply per prompt from the run's saved policy."""
+    """Prints one reply per prompt from the run's saved policy (each prompt checked before the policy loads)."""
     from collabalign.policy.saved import saved_policy
     from collabalign.seeding import Seeds
+
+    for i, prompt in enumerate(prompts):
+        if not prompt.strip():
+            raise ConfigError(f"--prompt {i + 1}: empty")
+        try:
+            prompt.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"--prompt {i + 1}: not valid UTF-8 text") from None
 
     policy = saved_policy(run, adapter)
     rollout = policy.generate(prompts, max_new_tokens, generator=Seeds(seed).torch("generate"),
                               temperature=temperature)
     for text in rollout.responses:
         print(text)
+
+
+def _in(kind: type[int] | type[float], low: float, high: float) -> Callable[[str], int | float]:
+    """An argparse type: a number of `kind` in [low, high] (NaN never is), checked before anything loads."""
+    def parse(text: str) -> int | float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{short(text)}: not {'an integer' if kind is int else 'a number'}") \
+                from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"{short(text)}: must be in {low:g}..{high:g}")
+        return value
+
+    return parse
 
 
 class _Parser(argparse.ArgumentParser):
@@ -285,7 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     p_rep = sub.add_parser("reproduce", help="run a paper's reproduction (or all)")
     p_rep.add_argument("name", help=f"one of: all, {', '.join(sorted(EXPERIMENTS))}")
     p_rep.add_argument("--quick", action="store_true", help="the small CI-sized config")
-    p_rep.add_argument("--out", type=Path, default=Path("runs"))
+    p_rep.add_argument("--out", type=Path, default=Path("runs/reproduce"),
+                       help="a folder for the experiments' run folders (new, or one `reproduce` wrote)")
     p_report = sub.add_parser("report", help="rewrite report.md of a run directory")
     p_report.add_argument("run_dir", type=Path)
     sub.add_parser("list", help="list experiments and their configs")
@@ -307,14 +338,15 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("run_dir", type=Path)
     p_gen.add_argument("--prompt", action="append", required=True, help="a prompt (repeat for several)")
     p_gen.add_argument("--adapter", help="which saved adapter (default: the only one)")
-    p_gen.add_argument("--max-new-tokens", type=int, default=64)
-    p_gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy")
-    p_gen.add_argument("--seed", type=int, default=0)
+    p_gen.add_argument("--max-new-tokens", type=_in(int, 1, MAX_NEW_TOKENS), default=64)
+    p_gen.add_argument("--temperature", type=_in(float, 0, 100), default=0.0, help="0: greedy")
+    p_gen.add_argument("--seed", type=_in(int, 0, 2**63 - 1), default=0)
     p_deploy = sub.add_parser("deploy", help="run a federated method on a loopback Flower deployment (TLS, node auth)")
     p_deploy.add_argument("config", type=Path, help="a deployment config (method, data, settings), e.g. "
                           "deploy/fedavg-lora")
     p_deploy.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rounds=2")
-    p_deploy.add_argument("--nodes", type=int, required=True, help="SuperNodes to start: one per client of the job")
+    p_deploy.add_argument("--nodes", type=_in(int, 1, MAX_NODES), required=True,
+                          help="SuperNodes to start: one per client of the job")
     p_deploy.add_argument("--out", type=Path, required=True,
                           help="the run folder (a new one, or one to continue from its checkpoint)")
     p_deploy.add_argument("--node-config", action="append", default=[], metavar="I:KEY=VALUE",
@@ -332,13 +364,14 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "reproduce":
             names = sorted(EXPERIMENTS) if args.name == "all" else [args.name]
             _experiment(names[0])  # validates the name before any work
-            dirs = []
-            for name in names:
-                written = run_config(config_path(name, args.quick), [], args.out / name, not args.no_progress)
-                dirs.append(written.parent)
-                print(written)
-            if len(names) > 1:
-                print(summarise_reports(dirs, args.out))
+            with claimed_folder(args.out, "reproduce"):
+                dirs = []
+                for name in names:
+                    written = run_config(config_path(name, args.quick), [], args.out / name, not args.no_progress)
+                    dirs.append(written.parent)
+                    print(written)
+                if len(names) > 1:
+                    print(summarise_reports(dirs, args.out))
         elif args.command == "report":
             print(report(args.run_dir))
         elif args.command == "train":
@@ -348,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "demo":
             from collabalign.demo import run_demo
 
-            print(run_demo(args.out))
+            with claimed_folder(args.out, "demo"):
+                print(run_demo(args.out))
         elif args.command == "deploy":
             from collabalign.deployment import deploy
 
@@ -379,6 +413,12 @@ def main(argv: list[str] | None = None) -> int:
     except RoundFailed as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except (MemoryError, RuntimeError) as err:  # a setting that asks for more memory than the machine has
+        if not out_of_memory(err):
+            raise
+        print(f"error: out of memory ({error_line(err)}); a setting asks for more than this machine has (e.g. "
+              "lora.rank, batch_size, max_length, users)", file=sys.stderr)
+        return 2
     return 0
 
 

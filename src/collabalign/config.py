@@ -149,10 +149,12 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     YAML aliases, is a ConfigError."""
     path = Path(path)
     try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: {path.stat().st_size:,} bytes; a config file may have at most "
+        with open(path, "rb") as f:  # read no more than a config may hold (/dev/zero is no config)
+            raw = f.read(MAX_CONFIG_BYTES + 1)
+        if len(raw) > MAX_CONFIG_BYTES:
+            raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES:,} bytes; a config file may have at most "
                               f"{MAX_CONFIG_BYTES:,}")
-        data = _parse_yaml(path.read_text(encoding="utf-8"))
+        data = _parse_yaml(raw.decode("utf-8"))
     except FileNotFoundError:
         raise ConfigError(f"{path}: no such config file") from None
     except IsADirectoryError:

@@ -14,6 +14,7 @@ import numpy as np
 from collabalign.artifacts import Result
 from collabalign.examples import write_examples
 from collabalign.plotting import line_plot, plt, save
+from collabalign.runs import atomic_write_text
 
 # (title, what the plot shows) per method; each runs in about 2 to 40 s on one thread
 SMOLLM2, MINILM = "smollm2-135m", "minilm-l6"
@@ -142,5 +143,5 @@ def run_demo(out: str | Path, only: list[str] | None = None) -> Path:
     lines += ["Use them (from this folder): `collabalign score pshare-pshare_si --file data/texts.jsonl --user ana`, "
               "`collabalign generate firm --prompt \"How do I keep basil fresh?\"`.", ""]
     report = out / "report.md"
-    report.write_text("\n".join(lines))
+    atomic_write_text(report, "\n".join(lines))
     return report

@@ -17,8 +17,8 @@ from typing import Any
 from collabalign import jobs
 from collabalign.artifacts import read_manifest
 from collabalign.config import ConfigError
-from collabalign.federation.deploy import LoopbackDeployment, kill_tree
-from collabalign.runs import RunDir
+from collabalign.federation.deploy import LoopbackDeployment, flower_path, kill_tree
+from collabalign.runs import RunDir, atomic_write_text, claimed_folder, fingerprint
 
 APP_TOML = """[build-system]
 requires = ["setuptools"]
@@ -43,8 +43,7 @@ out = ""
 """
 
 
-RUN_FOLDER = {"deployment", "node-state", "checkpoint", "metrics.jsonl", "manifest.json", "adapters",
-              "arrays.safetensors", "ledger.csv", "report.md"}  # what a deployment writes: a folder to continue
+MAX_NODES = 64  # SuperNodes one loopback deployment starts (each with its processes)
 
 
 def write_app(folder: Path) -> Path:
@@ -59,20 +58,44 @@ def deploy(config: Path, overrides: list[str], nodes: int, out: Path, progress: 
            timeout_s: float = 24 * 3600, node_settings: dict[int, dict[str, Any]] | None = None,
            isolation: str = "subprocess") -> Path:
     """Runs the job of the deployment config on `nodes` loopback SuperNodes (node I declaring `node_settings[I]` in
-    its node config; ClientApps in Flower's `isolation` mode); returns the run folder's report."""
-    spec = jobs.read_spec(config, overrides)  # a bad config is one line before any process starts
-    clients = list(jobs.build(spec).clients)
-    if nodes != len(clients):
-        raise ConfigError(f"--nodes {nodes}: the job of {config} has {len(clients)} clients ({', '.join(clients)}); "
-                          f"deploy it on {len(clients)} nodes")
-    if out.exists() and (foreign := sorted({p.name for p in out.iterdir()} - RUN_FOLDER)):
-        raise ConfigError(f"{out}: holds {', '.join(foreign[:3])}, not a deployment's run folder; choose another --out")
-    out = out.resolve()
-    path = str(Path(sys.executable).parent) + os.pathsep + os.environ.get("PATH", "")  # Flower's CLIs beside Python
-    env = {"PATH": path, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_TELEMETRY_ENABLED": os.environ.get("FLWR_TELEMETRY_ENABLED", "0")}
-    if shutil.which("flower-superlink", path=env["PATH"]) is None:
-        raise ConfigError("flower-superlink is not installed beside this Python (pip install 'flwr[simulation]')")
+    its node config; ClientApps in Flower's `isolation` mode) in the run folder `out` (new, or a deployment of the
+    same job to continue: `runs.claimed_folder`); returns the run folder's report. The config, the node settings and
+    the folder are checked before any model loads or process starts."""
+    if not 1 <= nodes <= MAX_NODES:
+        raise ConfigError(f"--nodes {nodes}: must be in 1..{MAX_NODES}")
+    spec = jobs.read_spec(config, overrides)
+    jobs.check_node_settings(spec, node_settings or {})
+    env = flower_env()
+    key = fingerprint({"job": jobs.job_key(spec), "nodes": nodes, "node_settings": node_settings or {}})
+    with claimed_folder(out, "deploy", key) as claim:
+        try:
+            clients = list(jobs.build(spec).clients)
+            if nodes != len(clients):
+                raise ConfigError(f"--nodes {nodes}: the job of {config} has {len(clients)} clients "
+                                  f"({', '.join(clients[:10])}); deploy it on {len(clients)} nodes")
+        except BaseException:
+            claim.discard()
+            raise
+        run_config = {"config": str(Path(config).resolve()), "overrides": "; ".join(overrides),
+                      "out": str(out.resolve())}
+        return _run(spec, run_config, nodes, env, progress, timeout_s, node_settings, isolation)
+
+
+def flower_env() -> dict[str, str]:
+    """The environment of the deployment's processes: Flower's CLIs found beside this Python, as installed with it
+    (a ConfigError when they are not there)."""
+    try:
+        path = flower_path(os.environ.get("PATH", ""))
+    except RuntimeError as err:
+        raise ConfigError(str(err)) from None
+    return {"PATH": path, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
+            "FLWR_TELEMETRY_ENABLED": os.environ.get("FLWR_TELEMETRY_ENABLED", "0")}
+
+
+def _run(spec: jobs.JobSpec, run_config: dict[str, str], nodes: int, env: dict[str, str], progress: bool,
+         timeout_s: float, node_settings: dict[int, dict[str, Any]] | None, isolation: str) -> Path:
+    """The deployment itself: `flwr run` of the app with `run_config` (config, overrides, the claimed run folder)."""
+    out = Path(run_config["out"])
     start = time.monotonic()
     root = out / "deployment"
     shutil.rmtree(root, ignore_errors=True)  # certificates, keys and logs of an earlier attempt: made anew
@@ -82,8 +105,7 @@ def deploy(config: Path, overrides: list[str], nodes: int, out: Path, progress: 
         deployment.node_settings = node_settings or {}
         deployment.start(nodes)
         deployment.wait_status(list(range(nodes)), "online")
-        run = deployment.run(write_app(root / "app"), {"config": str(Path(config).resolve()),
-                                                       "overrides": "; ".join(overrides), "out": str(out)})
+        run = deployment.run(write_app(root / "app"), run_config)
         try:
             shown = 0
             while run.poll() is None:
@@ -128,5 +150,5 @@ def write_report(out: Path, spec: jobs.JobSpec, nodes: int, seconds: float) -> P
              "`collabalign score` and `collabalign generate` read this folder). The per-round metrics are in "
              "metrics.jsonl; the processes' logs in deployment/."]
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    atomic_write_text(path, "\n".join(lines) + "\n")
     return path

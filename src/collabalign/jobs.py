@@ -48,8 +48,9 @@ def read_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
     path = Path(path)
     values = apply_overrides(read_yaml(path), list(overrides))
     method, data = values.pop("train", None), values.pop("data", None)
-    if method not in FEDERATED:
-        raise ConfigError(f"{path}: train = {short(method)}: must be one of {', '.join(FEDERATED)}")
+    if not isinstance(method, str) or method not in FEDERATED:
+        raise ConfigError(f"{path}: train = {short(method)}: must be one of {', '.join(FEDERATED)} (a deployment "
+                          "config: `collabalign list` shows them)")
     if not isinstance(data, str) or not data:
         raise ConfigError(f"{path}: data = {short(data)}: must be a data file (relative to the config's folder) or "
                           f"{EXAMPLE!r}")
@@ -86,11 +87,28 @@ def with_node_settings(spec: JobSpec, clients: list[str], declared: dict[str, di
     for i, cid in enumerate(clients):
         for key, value in declared.get(cid, {}).items():
             if key in allowed:
-                lists.setdefault(allowed[key], list(getattr(spec.config, allowed[key])))[i] = value
+                values = lists.setdefault(allowed[key], list(getattr(spec.config, allowed[key])))
+                if i >= len(values):
+                    raise ConfigError(f"node config of client {i}: {key} = {short(value)}, but the config's "
+                                      f"{allowed[key]} has {len(values)} entries")
+                values[i] = value
     if not lists:
         return spec
     config = validate(type(spec.config), spec.config.model_dump() | lists, "node config")
     return JobSpec(spec.method, config, spec.data)
+
+
+def check_node_settings(spec: JobSpec, declared: dict[int, dict[str, Any]]) -> None:
+    """A ConfigError unless every setting nodes are to declare (node index -> key -> value) is one the method takes
+    (`NODE_SETTINGS`) with a value its config accepts: checked before any model loads or process starts."""
+    allowed = NODE_SETTINGS.get(spec.method, {})
+    for node, settings in declared.items():
+        for key in settings:
+            if key not in allowed:
+                raise ConfigError(f"--node-config {node}:{short(key)}: {spec.method} nodes declare "
+                                  f"{', '.join(allowed) or 'no settings'}")
+    nodes = max(declared, default=-1) + 1
+    with_node_settings(spec, [str(i) for i in range(nodes)], {str(i): s for i, s in declared.items()})
 
 
 def build(spec: JobSpec) -> FederatedJob:

@@ -4,6 +4,8 @@ import pickle
 import pytest
 
 from collabalign.data import DataError, PreferencePair, load_jsonl
+from collabalign.data.formats import load_pairs
+from collabalign.data.preferences import checked_pair, same_reply
 from tests.data.helpers import jsonl, write
 
 GOOD = {"prompt": "Hi?", "chosen": "Hello, nice to meet you.", "rejected": "Go away."}
@@ -72,3 +74,58 @@ def test_error_str_and_pickle():
     assert isinstance(err, ValueError)
     copy = pickle.loads(pickle.dumps(err))
     assert (copy.path, copy.line, copy.field, copy.message) == ("harmless.jsonl.gz", 17, "chosen", "empty text")
+
+
+CHOSEN = GOOD["chosen"]
+WHITESPACE_ONLY = {  # each differs from CHOSEN only in whitespace: no preference
+    "leading-and-trailing": f"  {CHOSEN}\n",
+    "internal-runs": CHOSEN.replace(" ", "   "),
+    "tabs-and-newlines": CHOSEN.replace(", ", ",\t").replace(" to ", "\nto\r\n"),
+}
+REAL_DIFFERENCE = {  # each differs from CHOSEN in a real character (a joined word is a different word)
+    "punctuation": CHOSEN.replace(".", "!"),
+    "one-letter": CHOSEN.replace("meet", "meat"),
+    "two-words-joined": CHOSEN.replace("to meet", "tomeet"),
+}
+
+
+@pytest.mark.parametrize("rejected", list(WHITESPACE_ONLY.values()), ids=list(WHITESPACE_ONLY))
+def test_same_reply_ignores_whitespace_only(rejected):
+    assert same_reply(CHOSEN, rejected) and same_reply(rejected, CHOSEN)
+
+
+@pytest.mark.parametrize("rejected", list(REAL_DIFFERENCE.values()), ids=list(REAL_DIFFERENCE))
+def test_same_reply_sees_a_real_character(rejected):
+    assert not same_reply(CHOSEN, rejected)
+
+
+@pytest.mark.parametrize("load", [load_jsonl, load_pairs], ids=["load_jsonl", "load_pairs"])
+@pytest.mark.parametrize("rejected", list(WHITESPACE_ONLY.values()), ids=list(WHITESPACE_ONLY))
+def test_loaders_refuse_a_pair_differing_only_in_whitespace(tmp_path, load, rejected):
+    path = write(tmp_path / "p.jsonl", jsonl(GOOD, {**GOOD, "rejected": rejected}))
+    with pytest.raises(DataError) as info:
+        load(path)
+    assert (info.value.path, info.value.line, info.value.field, info.value.message) == (
+        str(path), 2, "rejected", "identical to chosen")
+
+
+@pytest.mark.parametrize("rejected", list(WHITESPACE_ONLY.values()), ids=list(WHITESPACE_ONLY))
+def test_checked_pair_refuses_a_pair_differing_only_in_whitespace(rejected):
+    with pytest.raises(DataError) as info:
+        checked_pair("tldr.jsonl", 7, "Hi?", CHOSEN, rejected)
+    assert (info.value.path, info.value.line, info.value.field, info.value.message) == (
+        "tldr.jsonl", 7, "rejected", "identical to chosen")
+
+
+@pytest.mark.parametrize("rejected", list(REAL_DIFFERENCE.values()), ids=list(REAL_DIFFERENCE))
+def test_a_pair_differing_in_a_real_character_is_kept_as_written(tmp_path, rejected):
+    path = write(tmp_path / "p.jsonl", jsonl({**GOOD, "rejected": rejected}))
+    for pair in (load_jsonl(path)[0], load_pairs(path)[0], checked_pair(path, 1, "Hi?", CHOSEN, rejected)):
+        assert (pair.chosen, pair.rejected) == (CHOSEN, rejected)
+
+
+def test_dropping_invalid_rows_counts_whitespace_only_pairs_as_identical(tmp_path):
+    rows = [{**GOOD, "rejected": r} for r in (*WHITESPACE_ONLY.values(), *REAL_DIFFERENCE.values())]
+    pairs = load_jsonl(write(tmp_path / "p.jsonl", jsonl(*rows)), drop_invalid=True)
+    assert [p.rejected for p in pairs] == list(REAL_DIFFERENCE.values())
+    assert pairs.dropped == {"rejected: identical to chosen": len(WHITESPACE_ONLY)}

@@ -21,8 +21,9 @@ def test_each_documented_example_line_loads(tmp_path):
     assert pairs[0].party == "ana" and pairs[0].chosen == "A cat sat."
     assert load_prompts(write_jsonl(tmp_path / "q.jsonl", [json.loads(EXAMPLES["prompts"])])) == [
         "How do I keep basil fresh?"]
-    labelled = load_labelled(write_jsonl(tmp_path / "l.jsonl", [json.loads(EXAMPLES["labelled"])]))
-    assert labelled.labels.tolist() == [1] and labelled.num_labels == 2 and labelled.text_b is None
+    rows = [json.loads(EXAMPLES["labelled"]), {"text": "a dull film", "label": 0}]  # one class: nothing to learn
+    labelled = load_labelled(write_jsonl(tmp_path / "l.jsonl", rows))
+    assert labelled.labels.tolist() == [1, 0] and labelled.num_labels == 2 and labelled.text_b is None
 
 
 def test_pairs_keep_user_and_domain_and_require_them_when_asked(tmp_path):

@@ -1,5 +1,4 @@
 import json
-import time
 
 import numpy as np
 import pytest
@@ -65,7 +64,7 @@ def test_meta_learns_a_reward_that_loads_through_peft(tmp_path):
 
 def test_unknown_held_out_domain_names_the_domains(tmp_path):
     path = write_jsonl(tmp_path / "mine.jsonl", reviews(2))
-    with pytest.raises(ValueError, match=r"'attics' is not in the data.*\['teapots', 'kites', 'lanterns'\]"):
+    with pytest.raises(ValueError, match=r"'attics': not a domain in the data.*\['teapots', 'kites', 'lanterns'\]"):
         train_meta_reward(CONFIG.model_copy(update={"held_out": "attics"}), path)
 
 
@@ -75,7 +74,6 @@ def test_malformed_line(tmp_path):
 
 @pytest.mark.real
 def test_real_models_smoke(tmp_path):
-    start = time.perf_counter()
     config = MetaRewardConfig(held_out="lanterns", sft_steps=2, inner_steps=2, outer_steps=2, select_every=2,
                               test_steps=2, batch=4, outer_batch=4, max_length=32)
     rows = reviews(4)
@@ -85,7 +83,6 @@ def test_real_models_smoke(tmp_path):
     scorer = SavedScorer(run)
     np.testing.assert_allclose(scorer(prompts, replies), pooled_scores(result.model, scorer.tokenizer, prompts, 32,
                                                                        replies)[:, 0], atol=1e-5)
-    assert time.perf_counter() - start < 30
 
 
 def test_the_saved_reward_folds_the_standardiser_into_its_head(tmp_path):

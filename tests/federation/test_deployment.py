@@ -6,7 +6,6 @@ adapters equal the in-process simulator's for the same seed, data and dropped re
 with its private state: test_deployment_pshare.py.)"""
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -20,8 +19,6 @@ from collabalign.federation.deploy import LoopbackDeployment
 from collabalign.methods.fedavg import FedAvg
 
 pytestmark = pytest.mark.flower
-if shutil.which("flower-superlink") is None:
-    pytest.skip("flower-superlink is not on PATH (activate the project's virtual environment)", allow_module_level=True)
 
 TINY = ["model=tiny-llama", "rounds=2", "seed=3", "max_length=32", "engine.min_replies=1", "engine.timeout_s=10",
         "engine.max_update_norm=1000", "engine.outlier_factor=null"]

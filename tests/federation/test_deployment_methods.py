@@ -10,7 +10,6 @@ plaintext; each gives up after its retries and is never listed online. A file ap
 run side by side under pytest-xdist."""
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -25,8 +24,6 @@ from collabalign.examples import agent_arrays
 from collabalign.federation.deploy import CONNECTION, HOST, LoopbackDeployment, free_port, write_node_key
 
 pytestmark = pytest.mark.flower
-if shutil.which("flower-superlink") is None:
-    pytest.skip("flower-superlink is not on PATH (activate the project's virtual environment)", allow_module_level=True)
 
 DECLARED = {0: {"rank": 4}, 1: {"rank": 2}}  # the SuperNodes' node configs; the config says ranks [2, 4]
 SMALL = {  # each method's deployment config on the tiny Llama, two clients

@@ -7,7 +7,6 @@ every one equals, byte for byte, the in-process simulator's for the same job run
 own, so it runs beside the other deployment tests under pytest-xdist."""
 
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -21,8 +20,6 @@ from collabalign.deployment import write_app
 from collabalign.federation.deploy import LoopbackDeployment
 
 pytestmark = pytest.mark.flower
-if shutil.which("flower-superlink") is None:
-    pytest.skip("flower-superlink is not on PATH (activate the project's virtual environment)", allow_module_level=True)
 
 CONFIG = CONFIG_DIR / "deploy" / "pshare-lora-federated.yaml"
 TINY = ["model=tiny-llama", "lora.blocks=1", "rounds=2", "max_length=32", "engine.timeout_s=120"]

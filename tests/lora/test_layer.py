@@ -140,7 +140,7 @@ def test_inject_and_route_by_name():
     with routed(model, rank_idx={"0": torch.tensor([1])}):
         assert lora_layers(model)["0"].active_rank == 1
     assert lora_layers(model)["0"].active_rank == 2
-    with pytest.raises(ValueError, match="no linear layer matches"):
+    with pytest.raises(ValueError, match="no linear layer of the model matches"):
         inject_lora(ref, ["query"], rank=2)
 
 

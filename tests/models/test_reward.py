@@ -40,7 +40,7 @@ def test_top_block_targets_put_lora_only_in_the_top_blocks(tiny):
                                                                                                         "v_proj")]
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {f"{n}.{f}" for n in lora_layers(model) for f in "AB"} | {"head.weight", "head.bias"}
-    with pytest.raises(ValueError, match="n_blocks"):
+    with pytest.raises(ValueError, match="lora.blocks = 4: the model has 3 blocks"):
         top_block_targets(model.backbone, 4, ["q_proj"])
 
 

@@ -4,6 +4,9 @@ file, line and field.
 - preference pairs: {"prompt": str, "chosen": str, "rejected": str, "user"?: str|int, "domain"?: str|int}
 - prompts:          {"prompt": str}
 - labelled text:    {"text": str, "text_pair"?: str, "label": int class (0..K-1) or float score}
+
+Users and domains are names (`data.names`: a documented character set, case-sensitive, type-exact); every file is
+read within `data.limits`.
 """
 
 from __future__ import annotations
@@ -18,8 +21,11 @@ import numpy as np
 from collabalign.data.errors import DataError
 from collabalign.data.glue import TextDataset
 from collabalign.data.jsonl import open_maybe_gzip, read_jsonl
-from collabalign.data.preferences import PreferencePair, PreferenceSet, collect_pairs, require_text
+from collabalign.data.limits import read_limits
+from collabalign.data.names import NameBook
+from collabalign.data.preferences import PreferencePair, PreferenceSet, collect_pairs, require_text, same_reply
 
+MAX_CLASSES = 1000  # integer labels are classes 0..K-1 with K at most this
 EXAMPLES = {
     "pairs": '{"prompt": "Summarise: the cat sat.", "chosen": "A cat sat.", "rejected": "Dogs.", "user": "ana"}',
     "prompts": '{"prompt": "How do I keep basil fresh?"}',
@@ -28,11 +34,15 @@ EXAMPLES = {
 
 
 def file_hash(path: str | Path) -> str:
-    """sha256 of a data file's bytes (the manifest's data hash); an unreadable file is a DataError."""
-    digest = hashlib.sha256()
+    """sha256 of a data file's bytes (the manifest's data hash); an unreadable file, or one bigger than the data
+    limit (`data.limits`), is a DataError."""
+    digest, total, limit = hashlib.sha256(), 0, read_limits().data_bytes
     with open_maybe_gzip(path) as f:
         for block in iter(lambda: f.read(1 << 20), b""):
             digest.update(block)
+            if (total := total + len(block)) > limit:
+                raise DataError(path, None, None, f"more than {limit:,} bytes of data, decompressed "
+                                "(COLLABALIGN_MAX_DATA_BYTES)")
     return digest.hexdigest()
 
 
@@ -41,27 +51,16 @@ def json_hash(value: Any) -> str:
     return hashlib.sha256(json.dumps(value).encode()).hexdigest()
 
 
-def _key(obj: dict[str, Any], name: str, path: str | Path, line: int) -> str | None:
-    """An optional grouping field (user, domain) as text: absent is None; a string or integer, else a DataError."""
-    if name not in obj or obj[name] is None:
-        return None
-    value = obj[name]
-    if isinstance(value, bool) or not isinstance(value, str | int):
-        raise DataError(path, line, name, "must be a string or an integer")
-    if isinstance(value, str) and not value.strip():
-        raise DataError(path, line, name, "empty text")
-    return str(value)
-
-
 def load_pairs(path: str | Path, require: tuple[str, ...] = ()) -> PreferenceSet:
-    """Preference pairs: `user` becomes the pair's party, `domain` its attribute; `require` names the optional fields
-    every row must carry (e.g. ("user",) for personal reward models)."""
+    """Preference pairs: `user` becomes the pair's party, `domain` its attribute (both names, `data.names`);
+    `require` names the optional fields every row must carry (e.g. ("user",) for personal reward models)."""
+    books = {name: NameBook(path, name) for name in ("user", "domain")}
 
     def make(line: int, obj: dict[str, Any]) -> list[PreferencePair]:
         prompt, chosen, rejected = (require_text(obj, f, path, line) for f in ("prompt", "chosen", "rejected"))
-        if chosen.strip() == rejected.strip():
+        if same_reply(chosen, rejected):
             raise DataError(path, line, "rejected", "identical to chosen")
-        user, domain = _key(obj, "user", path, line), _key(obj, "domain", path, line)
+        user, domain = (None if obj.get(f) is None else books[f].add(obj[f], line) for f in ("user", "domain"))
         for name, value in (("user", user), ("domain", domain)):
             if name in require and value is None:
                 raise DataError(path, line, name, "missing field")
@@ -86,10 +85,10 @@ def _label(obj: dict[str, Any], path: str | Path, line: int) -> int | float:
     if "label" not in obj:
         raise DataError(path, line, "label", "missing field")
     value = obj["label"]
+    if isinstance(value, int) and not isinstance(value, bool) and not 0 <= value < MAX_CLASSES:
+        raise DataError(path, line, "label", f"a class must be in 0..{MAX_CLASSES - 1}")
     if isinstance(value, bool) or not isinstance(value, int | float) or not np.isfinite(value):
         raise DataError(path, line, "label", "must be an integer class or a finite number")
-    if isinstance(value, int) and value < 0:
-        raise DataError(path, line, "label", "a class must be >= 0")
     return value
 
 
@@ -113,6 +112,9 @@ def load_labelled(path: str | Path) -> TextDataset:
         labels.append(_label(obj, path, line))
     if not texts:
         raise DataError(path, None, None, "no rows")
+    if len(set(labels)) < 2:
+        raise DataError(path, None, "label", f"every row has the label {labels[0]!r}: nothing to learn (a classifier "
+                        "needs two classes or more, a regression two values or more)")
     regression = any(isinstance(v, float) for v in labels)
     y = np.asarray(labels, dtype=np.float32 if regression else np.int64)
     return TextDataset(texts, pairs if paired else None, y, 1 if regression else int(y.max()) + 1, Path(path).stem,
@@ -124,10 +126,14 @@ def pairs_and_hash(data: str | Path | PreferenceSet, require: tuple[str, ...] = 
     the manifest records (of the file, or of the pairs' JSON)."""
     if isinstance(data, str | Path):
         return load_pairs(data, require), file_hash(data)
-    for name in require:
-        missing = next((i for i, p in enumerate(data) if _field(p, name) is None), None)
-        if missing is not None:
-            raise DataError(getattr(data, "source", "pairs"), missing + 1, name, "missing field")
+    source = getattr(data, "source", "pairs")
+    for name in ("user", "domain"):
+        book = NameBook(source, name)
+        for i, pair in enumerate(data):
+            if (value := _field(pair, name)) is not None:
+                book.add(value, i + 1)
+            elif name in require:
+                raise DataError(source, i + 1, name, "missing field")
     rows = [[p.prompt, p.chosen, p.rejected, p.party, p.attributes.get("domain")] for p in data]
     return data, json_hash(rows)
 

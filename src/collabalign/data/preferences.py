@@ -64,6 +64,12 @@ def require_text(obj: dict[str, Any], name: str, path: str | Path, line: int | N
     return value
 
 
+def same_reply(a: str, b: str) -> bool:
+    """Whether two replies are the same text once every run of whitespace is one space and the ends are stripped: a
+    pair that differs only in whitespace carries no preference."""
+    return " ".join(a.split()) == " ".join(b.split())
+
+
 def checked_pair(
     path: str | Path,
     line: int | None,
@@ -73,11 +79,12 @@ def checked_pair(
     party: str | None = None,
     attributes: dict[str, Any] | None = None,
 ) -> PreferencePair:
-    """Build a PreferencePair after checking its texts are non-blank and distinct (a tie carries no preference)."""
+    """Build a PreferencePair after checking its texts are non-blank and distinct beyond whitespace (`same_reply`: a
+    tie carries no preference)."""
     for name, text in (("prompt", prompt), ("chosen", chosen), ("rejected", rejected)):
         if not text.strip():
             raise DataError(path, line, name, "empty text")
-    if chosen.strip() == rejected.strip():
+    if same_reply(chosen, rejected):
         raise DataError(path, line, "rejected", "identical to chosen")
     return PreferencePair(prompt, chosen, rejected, party, dict(attributes or {}))
 
@@ -130,7 +137,7 @@ def load_jsonl(
         chosen = require_text(obj, chosen_field, path, line)
         rejected = require_text(obj, rejected_field, path, line)
         party = require_text(obj, party_field, path, line) if party_field else None
-        if chosen.strip() == rejected.strip():
+        if same_reply(chosen, rejected):
             raise DataError(path, line, rejected_field, "identical to chosen")
         return [PreferencePair(prompt, chosen, rejected, party)]
 

@@ -39,6 +39,16 @@ CONNECTION = "loopback"  # the SuperLink connection's name in $FLWR_HOME/config.
 HOST = "127.0.0.1"
 
 
+def flower_path(path: str) -> str:
+    """`path` (a PATH) with the folder of this Python first, where pip installed Flower's CLIs with it; a
+    RuntimeError when `flower-superlink` is not there (a deployment cannot start without it)."""
+    path = str(Path(sys.executable).parent) + os.pathsep + path
+    if shutil.which("flower-superlink", path=path) is None:
+        raise RuntimeError(f"flower-superlink is not installed beside {sys.executable} (pip install "
+                           "'flwr[simulation]')")
+    return path
+
+
 def free_port() -> int:
     """A TCP port on the loopback nobody listens on now."""
     with socket.socket() as s:
@@ -138,6 +148,7 @@ class LoopbackDeployment:
         self.root, self.state_dir, self.workers, self.isolation = root, state_dir, workers, isolation
         self.env = {**os.environ, "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1", **(env or {}),
                     "FLWR_HOME": str(root / "flwr-home")}  # the app runs in this environment, as it is
+        self.env["PATH"] = flower_path(self.env.get("PATH", ""))
         self.port = free_port()
         self.ca, self.cert, self.key = write_tls(root / "tls")
         self.link: subprocess.Popen | None = None

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 import torch
 from torch import Tensor, nn
 
+from collabalign.config import ConfigError, short
 from collabalign.lora.layer import LoRALinear, Party
 
 
@@ -31,7 +32,8 @@ def inject_lora(model: nn.Module, targets: list[str], rank: int, alpha: float | 
     chosen = [(n, as_linear(m)) for n, m in linears if matches(n, targets)]
     if not chosen:
         sample = ", ".join(n for n, _ in linears[:8])
-        raise ValueError(f"no linear layer matches targets {targets}; linear layers include: {sample}")
+        raise ConfigError(f"lora.targets = {short(targets)}: no linear layer of the model matches; its linear layers "
+                          f"include: {sample}")
     layers = {}
     for name, linear in chosen:
         layer = LoRALinear(linear, rank, alpha, parties_a, parties_b, dropout)

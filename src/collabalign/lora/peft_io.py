@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import safetensors.torch
 import torch
-from safetensors.torch import save_file
 from torch import Tensor, nn
 
 from collabalign.lora.inject import lora_layers
+from collabalign.runs import atomic_write_bytes, atomic_write_text
 
 
 def peft_adapter(model: nn.Module, party: int | None = None, prefix: str = "", base_model_name: str = "",
@@ -46,11 +47,10 @@ def peft_adapter(model: nn.Module, party: int | None = None, prefix: str = "", b
 
 
 def write_peft(path: str | Path, tensors: dict[str, Tensor], config: dict) -> Path:
-    """Writes an adapter folder from `peft_adapter`'s output."""
+    """Writes an adapter folder from `peft_adapter`'s output (each file atomically, as readable as any other)."""
     path = Path(path)
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "adapter_config.json").write_text(json.dumps(config, indent=2))
-    save_file(tensors, str(path / "adapter_model.safetensors"))
+    atomic_write_text(path / "adapter_config.json", json.dumps(config, indent=2))
+    atomic_write_bytes(path / "adapter_model.safetensors", safetensors.torch.save(tensors))
     return path
 
 

@@ -77,7 +77,8 @@ def fed_tune_job(config: FedTuneConfig, data: str | Path | PreferenceSet,
                  model: Backbone | str | None = None) -> FederatedJob:
     """The run `train_fed_tune` simulates, for any engine."""
     pairs, data_hash = pairs_and_hash(data)
-    backbone, name = own_backbone(model, config.model)
+    backbone, name = own_backbone(model, config.model, ("max_prompt_tokens + max_response_tokens",
+                                                         config.max_prompt_tokens + config.max_response_tokens))
     seeds = Seeds(config.seed)
     policy = Policy(backbone, lora_targets(backbone, config.lora), config.lora.rank, config.lora.alpha, 0.0,
                     generator=seeds.torch("policy/lora"))

@@ -61,7 +61,7 @@ def fedavg_lora_job(config: FedAvgLoRAConfig, data: str | Path | PreferenceSet,
                     model: Backbone | str | None = None) -> FederatedJob:
     """The run `train_fedavg_lora` simulates, for any engine."""
     pairs, data_hash = pairs_and_hash(data)
-    backbone, name = own_backbone(model, config.model)
+    backbone, name = own_backbone(model, config.model, ("max_length", config.max_length))
     reward = RewardModel(backbone.model, backbone.causal, Seeds(config.seed).torch("head"))
     targets = default_targets(backbone.model, config.lora.targets)
     split = lora_top_blocks(reward, config.lora.blocks or 10**6, targets, config.lora.rank, config.lora.alpha,

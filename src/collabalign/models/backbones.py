@@ -9,8 +9,9 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
@@ -136,6 +137,19 @@ def minilm_l6() -> Backbone:
 NAMED = {"tiny-llama": tiny_llama, "smollm2-135m": smollm2_135m, "minilm-l6": minilm_l6}
 
 
+def hub_config(name_or_path: str, known: Sequence[str] = tuple(NAMED)) -> Any:
+    """The Hugging Face config of a hub name or local model folder; one that cannot be found is a ConfigError
+    listing the `known` names."""
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(name_or_path)
+    except (OSError, ValueError):
+        offline = " (offline: HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
+        raise ConfigError(f"model {short(name_or_path)}: not found; a model is one of {', '.join(known)}, a local "
+                          f"folder holding a Hugging Face model, or a name on the Hugging Face hub{offline}") from None
+
+
 def load_backbone(name_or_path: str) -> Backbone:
     """One of NAMED, or any Hugging Face hub name or local directory (causal LMs load with their LM head); a name
     that is none of these is a ConfigError."""
@@ -144,14 +158,9 @@ def load_backbone(name_or_path: str) -> Backbone:
     logging.disable_progress_bar()  # a per-tensor "Loading weights" bar on every load says nothing
     if name_or_path in NAMED:
         return NAMED[name_or_path]()
-    from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModel, AutoModelForCausalLM, AutoTokenizer
 
-    try:
-        config = AutoConfig.from_pretrained(name_or_path)
-    except (OSError, ValueError):
-        offline = " (offline: HF_HUB_OFFLINE is set)" if os.environ.get("HF_HUB_OFFLINE") else ""
-        raise ConfigError(f"model {short(name_or_path)}: not found; a model is one of {', '.join(NAMED)}, a local "
-                          f"folder holding a Hugging Face model, or a name on the Hugging Face hub{offline}") from None
+    config = hub_config(name_or_path)
     heads = config.architectures or []
     causal = any(a.endswith(("ForCausalLM", "LMHeadModel")) for a in heads) or bool(config.is_decoder)
     model = (AutoModelForCausalLM if causal else AutoModel).from_pretrained(name_or_path)

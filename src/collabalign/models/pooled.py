@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from collabalign.config import ConfigError
+from collabalign.data.limits import cut_texts
 from collabalign.models import last_token
 
 
@@ -49,10 +51,12 @@ def tokenize(tokenizer, texts: Sequence[str], max_length: int, second: Sequence[
              truncation_side: str = "left", segments: bool = False) -> Tokens:
     """Right-padded tokens of `texts` (or of text pairs with `second`). Left truncation (the default) keeps the
     end of a dialogue, where the judged reply is. `segments`: text pairs keep the tokenizer's segment ids (when it
-    makes them), so the second text is segment 1."""
+    makes them), so the second text is segment 1. Texts are cut to what `max_length` tokens can hold first
+    (`data.limits.cut_texts`: the same tokens, bounded work)."""
     tokenizer.truncation_side = truncation_side
     tokenizer.padding_side = "right"
-    enc = tokenizer(list(texts), list(second) if second is not None else None, truncation=True,
+    keep = "end" if truncation_side == "left" else "start"
+    enc = tokenizer(cut_texts(texts, max_length, keep), cut_texts(second, max_length, keep), truncation=True,
                     max_length=max_length, padding=True, return_tensors="pt")
     types = enc.get("token_type_ids") if segments and second is not None else None
     return Tokens(enc["input_ids"], enc["attention_mask"], types)
@@ -71,7 +75,7 @@ def top_block_targets(model: nn.Module, n_blocks: int, names: Sequence[str]) -> 
     """inject_lora targets (one regex) for the linear layers called `names` in the top `n_blocks` blocks."""
     stack, blocks = layer_stack(model)
     if not 0 < n_blocks <= len(blocks):
-        raise ValueError(f"n_blocks must be in 1..{len(blocks)}, got {n_blocks}")
+        raise ConfigError(f"lora.blocks = {n_blocks}: the model has {len(blocks)} blocks (1..{len(blocks)})")
     top = "|".join(str(i) for i in range(len(blocks) - n_blocks, len(blocks)))
     return [rf"{re.escape(stack)}\.({top})\.(.*\.)?({'|'.join(map(re.escape, names))})"]
 

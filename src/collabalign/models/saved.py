@@ -14,18 +14,33 @@ import numpy as np
 import torch
 from safetensors.torch import load_file
 
-from collabalign.artifacts import Adapter, ArtifactError, adapter_dir, read_manifest
+from collabalign.artifacts import Adapter, ArtifactError, adapter_dir, read_manifest, read_safetensors
+from collabalign.config import ConfigError, cut
 from collabalign.lora.peft_io import peft_adapter
 from collabalign.models.backbones import Backbone, load_backbone
 from collabalign.models.pooled import PooledModel, pool, tokenize
 
 
 def adapter_files(folder: Path) -> tuple[dict, dict[str, torch.Tensor], dict[str, torch.Tensor] | None]:
-    """(PEFT config, LoRA tensors, head tensors or None) of one adapter folder."""
-    config = json.loads((folder / "adapter_config.json").read_text())
-    tensors = load_file(str(folder / "adapter_model.safetensors"))
+    """(PEFT config, LoRA tensors, head tensors or None) of one adapter folder; a missing or damaged file is an
+    ArtifactError naming it."""
+    file = folder / "adapter_config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        raise ArtifactError(f"{file}: unreadable ({cut(str(err), 200)}); train again or restore it") from None
+    if not isinstance(config, dict) or not isinstance(config.get("target_modules"), list) \
+            or not isinstance(config.get("r"), int) or not isinstance(config.get("lora_alpha"), int | float):
+        raise ArtifactError(f"{file}: not a LoRA adapter config (target_modules, r, lora_alpha); train again or "
+                            "restore it")
+    tensors = read_safetensors(folder / "adapter_model.safetensors", load_file)
+    expected = {f"base_model.model.{t}.lora_{f}.weight" for t in config["target_modules"] for f in "AB"}
+    if set(tensors) != expected or any(tensors[f"base_model.model.{t}.lora_A.weight"].shape[0] != config["r"]
+                                       for t in config["target_modules"]):
+        raise ArtifactError(f"{folder / 'adapter_model.safetensors'}: its tensors do not match adapter_config.json "
+                            "(target_modules, r); train again or restore it")
     head = folder / "head.safetensors"
-    return config, tensors, load_file(str(head)) if head.exists() else None
+    return config, tensors, read_safetensors(head, load_file) if head.exists() else None
 
 
 class SavedScorer:
@@ -40,13 +55,21 @@ class SavedScorer:
             raise ArtifactError(f"{run}: a {manifest['kind']} run has no score head; use `generate` for a policy")
         folder = adapter_dir(run, name)
         _, _, head = adapter_files(folder)
-        if head is None:
-            raise ArtifactError(f"{folder}: no head.safetensors")
+        if head is None or set(head) != {"weight", "bias"} or head["weight"].ndim != 2 \
+                or head["bias"].shape != head["weight"].shape[:1]:
+            raise ArtifactError(f"{folder / 'head.safetensors'}: missing or not a score head (weight (K, hidden), "
+                                "bias (K,)); train again or restore it")
         backbone = backbone or load_backbone(manifest["base_model"])
         self.tokenizer, self.causal = backbone.tokenizer, backbone.causal
-        with warnings.catch_warnings():  # peft calls a transformers property deprecated in v5
-            warnings.simplefilter("ignore", FutureWarning)
-            self.model = PeftModel.from_pretrained(backbone.model, str(folder)).eval()
+        try:
+            with warnings.catch_warnings():  # peft calls a transformers property deprecated in v5
+                warnings.simplefilter("ignore", FutureWarning)
+                self.model = PeftModel.from_pretrained(backbone.model, str(folder)).eval()
+        except (RuntimeError, ValueError, KeyError) as err:  # target modules or shapes the base model lacks
+            raise ArtifactError(f"{folder}: does not fit {manifest['base_model']} ({cut(str(err), 200)})") from None
+        if head["weight"].shape[1] != backbone.model.config.hidden_size:
+            raise ArtifactError(f"{folder / 'head.safetensors'}: {head['weight'].shape[1]} inputs, the base model "
+                                f"gives {backbone.model.config.hidden_size}; train again or restore it")
         self.head_weight, self.head_bias = head["weight"], head["bias"]
         self.max_length = int(manifest.get("max_length", 512))
 
@@ -65,14 +88,21 @@ class SavedScorer:
         return scores[:, 0] if scores.shape[1] == 1 else scores
 
 
-def own_backbone(model: Backbone | str | None, default: str) -> tuple[Backbone, str]:
+def own_backbone(model: Backbone | str | None, default: str, tokens: tuple[str, int] | None = None
+                 ) -> tuple[Backbone, str]:
     """The backbone an entry point trains: loaded by name (`model`, else the config's `default`), or a deep copy of
-    the one given (LoRA is injected in place; the caller's model stays bare). Returns it and its name."""
+    the one given (LoRA is injected in place; the caller's model stays bare). Returns it and its name. `tokens`
+    (setting, count): how many tokens the config makes it read, a ConfigError past the model's positions."""
     if model is None or isinstance(model, str):
         name = model or default
-        return load_backbone(name), name
-    name = getattr(model.model.config, "_name_or_path", "") or default
-    return Backbone(copy.deepcopy(model.model), model.tokenizer, model.causal), name
+        backbone = load_backbone(name)
+    else:
+        name = getattr(model.model.config, "_name_or_path", "") or default
+        backbone = Backbone(copy.deepcopy(model.model), model.tokenizer, model.causal)
+    positions = getattr(backbone.model.config, "max_position_embeddings", None)
+    if tokens is not None and isinstance(positions, int) and tokens[1] > positions:
+        raise ConfigError(f"{tokens[0]} = {tokens[1]}: {name} reads at most {positions} tokens")
+    return backbone, name
 
 
 def base_prefix(model: torch.nn.Module) -> str:

@@ -13,12 +13,17 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from collabalign.config import LoRASection
+from collabalign.data.limits import cut_texts, max_chars
 from collabalign.lora.inject import inject_lora, lora_parameters
 from collabalign.lora.targets import default_targets
 from collabalign.models.backbones import Backbone
 from collabalign.models.pooled import layer_stack, top_block_targets
 from collabalign.policy.rollout import Rollout
 from collabalign.policy.sampling import sample_next
+
+
+class PromptError(ValueError):
+    """A prompt the policy cannot take (too long, or no tokens): the user's to fix, in one line."""
 
 
 def shared_reads(prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray] | None:
@@ -146,18 +151,24 @@ class Policy(nn.Module):
 
     def encode(self, prompts: list[str], chat: bool = True, max_prompt_tokens: int = 256) -> tuple[Tensor, Tensor]:
         """Prompts -> left-padded (input_ids, attention_mask) (B, P). With `chat` and a chat template each prompt is
-        a user turn plus the generation prompt. A prompt over `max_prompt_tokens` is an error, never truncated."""
+        a user turn plus the generation prompt. A prompt over `max_prompt_tokens` is a PromptError, never truncated
+        (one over what that many tokens can hold is refused before tokenising)."""
         if not prompts:
-            raise ValueError("no prompts to encode")
+            raise PromptError("no prompts to encode")
+        for i, prompt in enumerate(prompts):
+            if len(prompt) > max_chars(max_prompt_tokens):
+                raise PromptError(f"prompt {i} is {len(prompt):,} characters long, more than "
+                                  f"max_prompt_tokens={max_prompt_tokens} tokens hold; shorten it")
         templated = bool(chat and getattr(self.tokenizer, "chat_template", None))
         texts = [self.tokenizer.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True,
                                                     tokenize=False) for p in prompts] if templated else list(prompts)
         rows = self.tokenizer(texts, add_special_tokens=not templated)["input_ids"]
         for i, row in enumerate(rows):
             if len(row) > max_prompt_tokens:
-                raise ValueError(f"prompt {i} is {len(row)} tokens long, over max_prompt_tokens={max_prompt_tokens}")
+                raise PromptError(f"prompt {i} is {len(row)} tokens long, over max_prompt_tokens="
+                                  f"{max_prompt_tokens}; shorten it")
             if not row:
-                raise ValueError(f"prompt {i} encodes to no tokens")
+                raise PromptError(f"prompt {i} encodes to no tokens")
         ids = pad_sequence([torch.tensor(r, dtype=torch.long) for r in rows], batch_first=True,
                            padding_value=self.pad_id, padding_side="left")
         lengths = torch.tensor([len(r) for r in rows])
@@ -217,6 +228,8 @@ class Policy(nn.Module):
         if len(prompts) != len(responses):
             raise ValueError(f"{len(prompts)} prompts but {len(responses)} responses")
         prompt_ids, prompt_mask = self.encode(prompts, chat, max_prompt_tokens)
+        if max_response_tokens:
+            responses = cut_texts(responses, max_response_tokens, keep="start")
         rows = self.tokenizer(list(responses), add_special_tokens=False)["input_ids"]
         cap = max_response_tokens or 10**9
         rows = [r + [self.eos_id] if eos else r for r in rows]

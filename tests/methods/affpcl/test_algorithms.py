@@ -1,5 +1,7 @@
 """AffPCL's one update rule and its baselines on the Gaussian systems: unbiased correction, limiting cases, agreement
-with the per-agent loops, determinism."""
+with the per-agent loops, determinism, the step sizes each step applies."""
+
+from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -125,3 +127,32 @@ def test_step_size_schedules_per_step_and_per_run():
     faster = errors(AffPCL(), system, 12, alpha=np.array([0.01, 0.01, 0.02]))
     np.testing.assert_array_equal(faster[:, :2], constant[:, :2])
     assert not np.allclose(faster[:, 2], constant[:, 2])
+
+
+@dataclass(frozen=True)
+class StepSizesSeen(AffPCL):
+    """AffPCL that records the step sizes (one per run) each of its steps is given."""
+
+    seen: list = field(default_factory=list, compare=False)
+
+    def step(self, problem, state, batch, a, t):
+        self.seen.append(a.copy())
+        return super().step(problem, state, batch, a, t)
+
+
+PER_STEP = np.array([0.01, 0.02, 0.03])
+PER_RUN = np.array([0.04, 0.05, 0.06])
+GRID = np.arange(1, 13).reshape(4, 3) / 100  # step t, run r: (3t + r + 1) / 100
+
+
+@pytest.mark.parametrize(("alpha", "steps", "applied"), [
+    (PER_STEP, 3, np.repeat(PER_STEP[:, None], 3, axis=1)),  # as many steps as runs: a per-step schedule
+    (PER_RUN, 4, np.tile(PER_RUN, (4, 1))),
+    (GRID, 4, GRID),
+    (0.01, 4, np.full((4, 3), 0.01)),
+], ids=["per-step", "per-run", "per-step-and-run", "constant"])
+def test_each_step_applies_its_own_step_sizes(alpha, steps, applied):
+    system = GaussianSystems(np.random.default_rng(18), 3, 4, delta_env=0.2, delta_obj=0.2)  # 3 runs
+    method = StepSizesSeen()
+    errors(method, system, steps, alpha=alpha)
+    np.testing.assert_array_equal(np.stack(method.seen), applied)

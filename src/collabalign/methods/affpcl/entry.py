@@ -25,8 +25,10 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 
 from collabalign.artifacts import Result
 from collabalign.config import Strict
-from collabalign.data.errors import DataError, unreadable
+from collabalign.data.errors import DataError
 from collabalign.data.formats import file_hash
+from collabalign.data.names import NameBook
+from collabalign.data.npz import read_npz
 from collabalign.methods.affpcl.algorithm import AffPCL, run
 from collabalign.methods.affpcl.baselines import IL, Ditto, FineTune, OneStepFedAvg, PFedMe
 from collabalign.seeding import Seeds
@@ -144,24 +146,22 @@ def _check(agents: Agents, where: str) -> None:
 
 
 def load_agents(data: str | Path | Agents) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], str]:
-    """Validated per-agent arrays and their sha256, from a dict {agent: (X, y)} or an .npz of X_<agent> / y_<agent>."""
+    """Validated per-agent arrays and their sha256, from a dict {agent: (X, y)} or an .npz of X_<agent> / y_<agent>;
+    agents are names (`data.names`)."""
     if isinstance(data, Mapping):
-        agents, where = {str(k): (np.asarray(x), np.asarray(y)) for k, (x, y) in data.items()}, "data"
+        where = "data"
+        book = NameBook(where, "agent")
+        agents = {book.add(k, None): (np.asarray(x), np.asarray(y)) for k, (x, y) in data.items()}
     else:
         where = str(data)
-        try:
-            with np.load(where, allow_pickle=False) as npz:
-                arrays = {k: npz[k] for k in npz.files}
-        except OSError as err:
-            raise unreadable(where, err) from None
-        except ValueError as err:
-            raise DataError(where, None, None, f"not an .npz of plain arrays ({err})") from None
+        arrays = read_npz(where)
         for key in arrays:
             if key[:2] not in ("X_", "y_") or len(key) < 3:
                 raise DataError(where, None, None, f"array {key!r}: expected names X_<agent> and y_<agent>")
             if f"{'y' if key[0] == 'X' else 'X'}_{key[2:]}" not in arrays:
                 raise DataError(where, None, None, f"array {key!r} has no {'y' if key[0] == 'X' else 'X'}_{key[2:]}")
-        agents = {k[2:]: (arrays[k], arrays[f"y_{k[2:]}"]) for k in arrays if k.startswith("X_")}
+        book = NameBook(where, "agent")
+        agents = {book.add(k[2:], None): (arrays[k], arrays[f"y_{k[2:]}"]) for k in arrays if k.startswith("X_")}
     _check(agents, where)
     if where != "data":
         return agents, file_hash(where)

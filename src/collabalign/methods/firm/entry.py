@@ -17,7 +17,8 @@ import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from collabalign.artifacts import Adapter, Result
-from collabalign.config import Distinct, LoRASection, Strict
+from collabalign.config import ConfigError, Distinct, LoRASection, Strict
+from collabalign.data.errors import DataError
 from collabalign.data.formats import file_hash, json_hash, load_prompts
 from collabalign.data.partition import iid
 from collabalign.federation.engine import EngineOptions, SimulationResult
@@ -27,7 +28,7 @@ from collabalign.methods.firm.federated import ClientData, FederatedPPO, Federat
 from collabalign.models.backbones import Backbone
 from collabalign.models.saved import own_backbone
 from collabalign.policy import Policy, PPOConfig
-from collabalign.policy.model import lora_targets
+from collabalign.policy.model import PromptError, lora_targets
 from collabalign.seeding import Seeds
 
 Reward = str | Callable[[list[str], list[str]], Sequence[float]]
@@ -97,8 +98,10 @@ def reward_function(spec: Reward) -> tuple[str, Callable[[list[str], list[str]],
         if spec in SHIPPED:
             name, raw = spec, SHIPPED[spec]()
         else:
+            from collabalign.models.backbones import hub_config
             from collabalign.models.text_reward import HFRewardModel
 
+            hub_config(spec, known=list(SHIPPED))  # an unknown name is one line, not the hub's errors
             name, raw = spec, HFRewardModel(spec)
     else:
         name, raw = getattr(spec, "name", None) or getattr(spec, "__name__", type(spec).__name__), spec
@@ -122,10 +125,20 @@ def prompts_and_hash(data: str | Path | Sequence[str]) -> tuple[list[str], str]:
     return prompts, json_hash(prompts)
 
 
+def _check_prompts(policy: Policy, prompts: list[str], limit: int, data: str | Path | Sequence[str]) -> None:
+    """Every prompt within `limit` tokens, checked before training; one that is not is a DataError naming it."""
+    try:
+        policy.encode(prompts, max_prompt_tokens=limit)
+    except PromptError as err:
+        source = str(data) if isinstance(data, str | Path) else "prompts"
+        raise DataError(source, None, "prompt", f"{err} or raise max_prompt_tokens (prompts counted from 0, in "
+                        "order)") from None
+
+
 def lambda_rule(config: FIRMConfig, m: int) -> LambdaRule:
     """The λ rule of `config.rule` for M = m rewards (FedAvg-LS: the preference, normalised, as fixed weights)."""
     if config.preference is not None and len(config.preference) != m:
-        raise ValueError(f"preference has {len(config.preference)} weights but there are {m} rewards")
+        raise ConfigError(f"preference has {len(config.preference)} weights but there are {m} rewards")
     p = None if config.preference is None else tuple(config.preference)
     if config.rule == "firm":
         return LambdaRule("firm", beta=config.beta, p=p)
@@ -152,10 +165,12 @@ def firm_job(config: FIRMConfig, data: str | Path | Sequence[str], model: Backbo
     named = [reward_function(r) for r in (config.rewards if rewards is None else rewards)]
     names, functions = [n for n, _ in named], tuple(f for _, f in named)
     rule = lambda_rule(config, len(functions))
-    backbone, base_name = own_backbone(model, config.model)
+    backbone, base_name = own_backbone(model, config.model, ("max_prompt_tokens + max_new_tokens",
+                                                              config.max_prompt_tokens + config.max_new_tokens))
     seeds = Seeds(config.seed)
     policy = Policy(backbone, lora_targets(backbone, config.lora), config.lora.rank, config.lora.alpha,
                     config.lora.dropout, objectives=len(functions), generator=seeds.torch("firm/lora"))
+    _check_prompts(policy, prompts, config.max_prompt_tokens, data)
     rng = seeds.numpy("firm/split")
     order = rng.permutation(len(prompts))
     n_test = round(config.test_fraction * len(prompts))

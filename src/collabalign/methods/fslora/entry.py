@@ -95,7 +95,7 @@ def fslora_job(config: FSLoRAConfig, data: str | Path | TextDataset,
                model: Backbone | str | None = None) -> FederatedJob:
     """The run `train_fslora` simulates, for any engine."""
     texts, data_hash = _labelled(data)
-    backbone, name = own_backbone(model, config.model)
+    backbone, name = own_backbone(model, config.model, ("max_length", config.max_length))
     seeds = Seeds(config.seed)
     pooled = PooledModel(backbone.model.eval(), backbone.causal, texts.num_labels, seeds.torch("head"))
     targets = default_targets(backbone.model, config.lora.targets)

@@ -24,7 +24,7 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from collabalign.artifacts import Result
-from collabalign.config import LoRASection, Strict
+from collabalign.config import ConfigError, LoRASection, Strict, short
 from collabalign.data.amazon_reviews import split_pairs
 from collabalign.data.formats import pairs_and_hash
 from collabalign.data.preferences import PreferencePair, PreferenceSet
@@ -109,9 +109,9 @@ def _domains(pairs: list[PreferencePair], held_out: str, index: dict[tuple[str, 
     validation (seeded), the held-out domain's kept whole for scoring."""
     names = list(dict.fromkeys(p.attributes["domain"] for p in pairs))
     if held_out not in names:
-        raise ValueError(f"held_out domain {held_out!r} is not in the data; its domains are {names}")
+        raise ConfigError(f"held_out = {short(held_out)}: not a domain in the data; its domains are {names[:20]}")
     if len(names) < 2:
-        raise ValueError(f"need a domain to train on besides the held-out {held_out!r}; the data has only it")
+        raise ConfigError(f"need a domain to train on besides the held-out {held_out!r}; the data has only it")
 
     def rows(part: list[PreferencePair]) -> Pairs:
         return Pairs(torch.tensor([index[(p.prompt, p.chosen)] for p in part], dtype=torch.long),
@@ -149,7 +149,7 @@ def train_meta_reward(config: MetaRewardConfig, data: str | Path | PreferenceSet
     texts = list(dict.fromkeys((p.prompt, y) for p in pairs for y in (p.chosen, p.rejected)))
     index = {t: i for i, t in enumerate(texts)}
     domains = _domains(list(pairs), config.held_out, index, config)
-    encoder, name = own_backbone(model, config.model)
+    encoder, name = own_backbone(model, config.model, ("max_length", config.max_length))
     reward = PooledModel(encoder.model, encoder.causal, 1, seeds.torch("meta_reward/head"))
     inject_lora(reward.backbone, default_targets(encoder.model), 1, generator=seeds.torch("meta_reward/encoder"))
     raw = pooled_features(reward, encoder.tokenizer, [p for p, _ in texts], [y for _, y in texts], config.max_length)

@@ -19,6 +19,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from collabalign.artifacts import Adapter, Result
 from collabalign.config import LoRASection, Probability, Strict
+from collabalign.data.errors import DataError
 from collabalign.data.formats import pairs_and_hash
 from collabalign.data.preferences import PreferenceSet
 from collabalign.lora.targets import default_targets
@@ -104,25 +105,27 @@ def user_pairs(config: PShareLoRAConfig | Any, data: str | Path | PreferenceSet,
     index = {name: i for i, name in enumerate(names)}
     users = [index[p.party] for p in pairs]
     train_rows, test_rows = split_per_user(users, config.test_fraction, Seeds(config.seed).numpy("pshare-lora-split"),
-                                           names)
-    backbone, base = own_backbone(model, config.model)
+                                           names, pairs.source)
+    backbone, base = own_backbone(model, config.model, ("max_length", config.max_length))
     texts, prefs = prefs_from_pairs(pairs.pairs, users)
     cache = encode(backbone, texts, config.max_length, config.lora.blocks or 10**6)
     return names, data_hash, prefs, train_rows, test_rows, backbone, base, cache
 
 
 def split_per_user(users: list[int], test_fraction: float, rng: np.random.Generator,
-                   names: list[str]) -> tuple[torch.Tensor, torch.Tensor]:
+                   names: list[str], source: str = "data") -> tuple[torch.Tensor, torch.Tensor]:
     """(train rows, test rows), sorted: a random `test_fraction` of each user's pairs held out (at least one when the
-    fraction is positive), at least one left to train; a user with too few pairs is a ValueError naming the user."""
+    fraction is positive), at least one left to train; a user with too few pairs is a DataError naming the user (in
+    `source`)."""
     users_arr = np.asarray(users)
     train, test = [], []
     for u, name in enumerate(names):
         rows = rng.permutation(np.flatnonzero(users_arr == u))
         n_test = max(1, round(test_fraction * len(rows))) if test_fraction > 0 else 0
         if len(rows) - n_test < 1:
-            raise ValueError(f"user {name!r} has {len(rows)} pair(s): at least {n_test + 1} are needed to hold out "
-                             f"{n_test} and train on one (test_fraction {test_fraction})")
+            raise DataError(source, None, "user", f"too few pairs: user {name!r} has {len(rows)}, at least "
+                            f"{n_test + 1} are needed to hold out {n_test} and train on one (test_fraction "
+                            f"{test_fraction})")
         test.append(rows[:n_test])
         train.append(rows[n_test:])
     return torch.from_numpy(np.sort(np.concatenate(train))), torch.from_numpy(np.sort(np.concatenate(test)))
