@@ -26,9 +26,9 @@ lint: venv
 	.venv/bin/ruff check .
 
 # three workers on two cores: the Flower deployment tests leave part of a core idle, which a third worker uses
-# (tests/conftest.py)
+# (tests/conftest.py); -rs prints the reason of every skipped test
 test: lint
-	$(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder --durations=12
+	$(PY) -m pytest -q -p no:cacheprovider -n 3 --dist loadfile --no-loadscope-reorder --durations=12 -rs
 
 clean:
 	rm -rf .venv .cache runs

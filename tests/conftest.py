@@ -1,13 +1,12 @@
 """Suite-wide: the slowest test files are collected first, so that under pytest-xdist (`make test` runs
-`-n 3 --dist loadfile --no-loadscope-reorder`, which keeps this order) they start at once instead of holding
-the run open at its end. The first two, the Flower deployments, use about 0.7 of a core each while they run (much of
-their time goes to starting Flower's and the app's processes), so `make test` runs three workers on two cores: the
-third takes what the deployments leave idle (on idle cores the suite took 877 s on three workers, 895 s on two)."""
+`-n 3 --dist loadfile --no-loadscope-reorder`, which keeps this order) they start at once instead of holding the run
+open at its end. The first, the Flower deployments (two loopback deployments for the whole file), runs about 4
+minutes using about half a core (much of its time goes to starting Flower's and the app's processes and waiting on
+them), so `make test` runs three workers on two cores: the other two take what it leaves idle."""
 
-SLOW_FIRST = ("federation/test_deployment_methods.py", "federation/test_deployment_pshare.py",
-              "experiments/test_fslora_glue.py", "federation/test_deployment.py", "models/test_text_reward.py",
-              "federation/test_flower.py", "experiments/pshare_lora/test_run.py", "test_fuzz_cli.py",
-              "methods/pshare_lora/test_federated.py", "test_demo.py")
+SLOW_FIRST = ("federation/test_deployment.py", "experiments/test_fslora_glue.py", "models/test_text_reward.py",
+              "test_readme.py", "federation/test_flower.py", "experiments/pshare_lora/test_run.py", "test_fuzz_cli.py",
+              "test_fuzz_commands.py", "methods/pshare_lora/test_federated.py", "test_demo.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -1,7 +1,8 @@
 """Every code block of the README runs: the Python snippets and the first shell block as written, on the example
-data, with the real models swapped for the tiny random Llama (the real models run in each entry point's `real`
-smoke and in `collabalign demo`); the reproduction block's commands are checked to name shipped experiments and
-configs (running them is the experiments' own tests' job). The `make` lines are what CI itself runs."""
+data, with the real models swapped for the tiny random Llama and the longest training cut short (`SHORTER`; the real
+models run in each entry point's `real` smoke and in `collabalign demo`); the reproduction block's commands are
+checked to name shipped experiments and configs (running them is the experiments' own tests' job). The `make` lines
+are what CI itself runs."""
 
 import re
 import shlex
@@ -15,6 +16,7 @@ from collabalign.experiments import EXPERIMENTS
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 REAL = ("minilm-l6", "smollm2-135m")
+SHORTER = {"clients=3, rounds=2)": "clients=3, rounds=2, local_steps=2)"}  # federated DPO: 12 steps, not 60
 
 
 def blocks(kind: str) -> list[str]:
@@ -24,6 +26,8 @@ def blocks(kind: str) -> list[str]:
 def tiny(text: str) -> str:
     for name in REAL:
         text = text.replace(f'"{name}"', '"tiny-llama"').replace(f"model={name}", "model=tiny-llama")
+    for long, short in SHORTER.items():
+        text = text.replace(long, short)
     return text
 
 
