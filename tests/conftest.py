@@ -1,19 +1,19 @@
 """Suite-wide: the test files run longest first, so that under pytest-xdist (`make test` runs `-n 3 --dist loadfile
 --no-loadscope-reorder`, which keeps this order) the short ones fill in at the end instead of one long file holding
-the run open. First the files that wait more than they compute: the Flower deployments (two loopback deployments for
-the whole file, about 4 minutes at about half a core: much of it goes to starting Flower's and the app's processes and
-waiting on them) and Flower's simulation engine (Ray); then the rest by CPU seconds, most first (measured per file
-with every test's own and its child processes' CPU time). `make test` runs three workers on two cores: the others take
-what the deployments leave idle."""
+the run open. The Flower deployments come first (two loopback deployments for the whole file: about 4 minutes at about
+half a core, much of it spent starting Flower's and the app's processes and waiting on them); the files on Flower's
+simulation engine (Ray), which also wait more than they compute, come where they follow it on its worker or run
+beside two busy ones; the rest by CPU seconds, most first (measured per file as every test's own and its child
+processes' CPU time). `make test` runs three workers on two cores: the others take what the waiting leaves idle."""
 
-SLOW_FIRST = ("federation/test_deployment.py", "federation/test_flower.py", "methods/pshare_lora/test_federated.py",
-              "experiments/test_fslora_glue.py", "models/test_text_reward.py", "methods/test_fed_tune.py",
-              "experiments/test_affpcl.py", "test_fuzz.py", "test_readme.py", "experiments/pshare_lora/test_run.py",
-              "experiments/test_quickstart.py", "experiments/test_firm_lm.py", "experiments/test_firm_synthetic.py",
-              "experiments/test_fed_tune.py", "test_durable_runs.py", "test_fuzz_commands.py", "test_fuzz_cli.py",
-              "test_bad_input.py", "test_cli_hostile.py", "methods/fslora/test_glue.py",
-              "experiments/test_meta_reward_sentiment.py", "entry/test_cli_train.py", "policy/test_ppo.py",
-              "test_demo.py", "entry/test_fslora.py", "entry/test_firm.py", "policy/test_steps.py")
+SLOW_FIRST = ("federation/test_deployment.py", "experiments/test_fslora_glue.py", "models/test_text_reward.py",
+              "federation/test_flower.py", "methods/test_fed_tune.py", "experiments/test_affpcl.py", "test_fuzz.py",
+              "test_readme.py", "experiments/pshare_lora/test_run.py", "experiments/test_quickstart.py",
+              "methods/pshare_lora/test_federated.py", "experiments/test_firm_lm.py",
+              "experiments/test_firm_synthetic.py", "experiments/test_fed_tune.py", "test_durable_runs.py",
+              "test_fuzz_commands.py", "test_fuzz_cli.py", "test_bad_input.py", "test_cli_hostile.py",
+              "methods/fslora/test_glue.py", "experiments/test_meta_reward_sentiment.py", "entry/test_cli_train.py",
+              "policy/test_ppo.py", "test_demo.py", "entry/test_fslora.py", "entry/test_firm.py", "policy/test_steps.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -250,11 +250,12 @@ DAMAGE = {
     "safetensors-cut": lambda run: _cut(run / "adapters" / "user-ana" / "adapter_model.safetensors"),
     "config-not-json": lambda run: (run / "adapters" / "user-ana" / "adapter_config.json").write_text("{oops"),
     "config-not-lora": lambda run: (run / "adapters" / "user-ana" / "adapter_config.json").write_text("[]"),
+    "config-rank": lambda run: _edit_json(run / "adapters" / "user-ana" / "adapter_config.json", r=10**9),
     "head-gone": lambda run: (run / "adapters" / "user-ana" / "head.safetensors").unlink(),
     "head-cut": lambda run: _cut(run / "adapters" / "user-ana" / "head.safetensors"),
     "manifest-cut": lambda run: _cut(run / "manifest.json"),
-    "manifest-adapter-escapes": lambda run: _manifest(run, adapters=["user-ana", "../../../etc"]),
-    "manifest-length": lambda run: _manifest(run, max_length="long"),
+    "manifest-adapter-escapes": lambda run: _edit_json(run / "manifest.json", adapters=["user-ana", "../../../etc"]),
+    "manifest-length": lambda run: _edit_json(run / "manifest.json", max_length="long"),
 }
 
 
@@ -268,9 +269,8 @@ def _cut(path: Path) -> None:
     path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
 
 
-def _manifest(run: Path, **changes) -> None:
-    manifest = json.loads((run / "manifest.json").read_text())
-    (run / "manifest.json").write_text(json.dumps(manifest | changes))
+def _edit_json(path: Path, **changes) -> None:
+    path.write_text(json.dumps(json.loads(path.read_text()) | changes))
 
 
 @pytest.mark.parametrize("damage", list(DAMAGE))
@@ -301,7 +301,8 @@ def test_generate_arguments_out_of_range_are_one_line_before_a_model_loads(args,
 
 def test_generate_with_a_prompt_over_the_policy_limit_or_on_a_reward_run_is_one_line(policy_run, reward_run, capsys):
     assert "prompt 0 is" in one_line(["generate", str(policy_run), "--prompt", "word " * 300], capsys)
-    assert "prompt 0 is" in one_line(["generate", str(policy_run), "--prompt", "word " * 20_000], capsys)
+    huge = one_line(["generate", str(policy_run), "--prompt", "word " * 20_000], capsys)
+    assert "prompt 0 is 100,000 characters long" in huge  # refused before tokenising
     assert "holds no policy" in one_line(["generate", str(reward_run), "--prompt", "Hi"], capsys)
 
 
