@@ -13,7 +13,8 @@ SLOW_FIRST = ("federation/test_deployment.py", "experiments/test_fslora_glue.py"
               "experiments/test_firm_synthetic.py", "experiments/test_fed_tune.py", "test_durable_runs.py",
               "test_fuzz_commands.py", "test_fuzz_cli.py", "test_bad_input.py", "test_cli_hostile.py",
               "methods/fslora/test_glue.py", "experiments/test_meta_reward_sentiment.py", "entry/test_cli_train.py",
-              "policy/test_ppo.py", "test_demo.py", "entry/test_fslora.py", "entry/test_firm.py", "policy/test_steps.py")
+              "policy/test_ppo.py", "test_demo.py", "entry/test_fslora.py", "entry/test_firm.py",
+              "policy/test_steps.py")
 
 
 def pytest_collection_modifyitems(session, config, items):
