@@ -135,10 +135,12 @@ def test_two_trains_into_one_folder(examples, tmp_path, capsys):
 def test_an_out_that_cannot_hold_a_run_is_one_line_before_a_model_loads(place, examples, tmp_path, capsys, no_model):
     (tmp_path / "a-file").write_text("mine")
     (tmp_path / "dangling-link").symlink_to(tmp_path / "nowhere")
-    out = {"below-a-file": tmp_path / "a-file" / "run", "dangling-link": tmp_path / "dangling-link",
-           "under-proc": Path("/proc/collabalign-run"), "a-file": tmp_path / "a-file"}[place]
+    out, message = {"below-a-file": (tmp_path / "a-file" / "run", "cannot create or open the run folder (Not a dir"),
+                    "dangling-link": (tmp_path / "dangling-link", "a link to nothing"),
+                    "under-proc": (Path("/proc/collabalign-run"), "cannot create or open the run folder"),
+                    "a-file": (tmp_path / "a-file", "a file, not a folder")}[place]
     err = one_line(["train", "pshare-lora", "--data", str(examples["pairs"]), "--out", str(out)], capsys)
-    assert str(out) in err
+    assert f"{out}: {message}" in err
     assert (tmp_path / "a-file").read_text() == "mine" and not (tmp_path / "nowhere").exists()
 
 
@@ -245,17 +247,23 @@ def test_a_prompt_longer_than_the_policy_takes_is_one_line_naming_the_file(tmp_p
 
 # ---- score and generate on damaged runs, with arguments out of range ----------------------------------------------
 
-DAMAGE = {
-    "adapter-folder-gone": lambda run: _remove(run / "adapters" / "user-ana"),
-    "safetensors-cut": lambda run: _cut(run / "adapters" / "user-ana" / "adapter_model.safetensors"),
-    "config-not-json": lambda run: (run / "adapters" / "user-ana" / "adapter_config.json").write_text("{oops"),
-    "config-not-lora": lambda run: (run / "adapters" / "user-ana" / "adapter_config.json").write_text("[]"),
-    "config-rank": lambda run: _edit_json(run / "adapters" / "user-ana" / "adapter_config.json", r=10**9),
-    "head-gone": lambda run: (run / "adapters" / "user-ana" / "head.safetensors").unlink(),
-    "head-cut": lambda run: _cut(run / "adapters" / "user-ana" / "head.safetensors"),
-    "manifest-cut": lambda run: _cut(run / "manifest.json"),
-    "manifest-adapter-escapes": lambda run: _edit_json(run / "manifest.json", adapters=["user-ana", "../../../etc"]),
-    "manifest-length": lambda run: _edit_json(run / "manifest.json", max_length="long"),
+DAMAGE = {  # damage -> what the one line says
+    "adapter-folder-gone": (lambda run: _remove(run / "adapters" / "user-ana"), "user-ana: missing"),
+    "safetensors-cut": (lambda run: _cut(run / "adapters" / "user-ana" / "adapter_model.safetensors"),
+                        "adapter_model.safetensors: unreadable"),
+    "config-not-json": (lambda run: (run / "adapters" / "user-ana" / "adapter_config.json").write_text("{oops"),
+                        "adapter_config.json: unreadable"),
+    "config-not-lora": (lambda run: (run / "adapters" / "user-ana" / "adapter_config.json").write_text("[]"),
+                        "adapter_config.json: not a LoRA adapter config"),
+    "config-rank": (lambda run: _edit_json(run / "adapters" / "user-ana" / "adapter_config.json", r=10**9),
+                    "adapter_model.safetensors: its tensors do not match adapter_config.json"),
+    "head-gone": (lambda run: (run / "adapters" / "user-ana" / "head.safetensors").unlink(),
+                  "head.safetensors: missing or not a score head"),
+    "head-cut": (lambda run: _cut(run / "adapters" / "user-ana" / "head.safetensors"), "head.safetensors: unreadable"),
+    "manifest-cut": (lambda run: _cut(run / "manifest.json"), "manifest.json: unreadable"),
+    "manifest-adapter-escapes": (lambda run: _edit_json(run / "manifest.json", adapters=["user-ana", "../../../etc"]),
+                                 "manifest.json: adapter '../../../etc' is not a name"),
+    "manifest-length": (lambda run: _edit_json(run / "manifest.json", max_length="long"), "manifest.json: damaged"),
 }
 
 
@@ -280,9 +288,10 @@ def test_score_on_a_damaged_run_is_one_line(damage, reward_run, examples, tmp_pa
     for name, content in files(reward_run).items():
         (run / name).parent.mkdir(parents=True, exist_ok=True)
         (run / name).write_bytes(content)
-    DAMAGE[damage](run)
+    spoil, message = DAMAGE[damage]
+    spoil(run)
     which = ["--adapter", "../../../etc"] if damage == "manifest-adapter-escapes" else ["--user", "ana"]
-    assert str(run) in one_line(["score", str(run), "--file", str(examples["texts"]), *which], capsys)
+    assert message in one_line(["score", str(run), "--file", str(examples["texts"]), *which], capsys)
 
 
 @pytest.mark.parametrize("user", ["../../x", "nosuch", "a" * 500])

@@ -73,7 +73,7 @@ def stub_training(config, data, model=None, progress=False) -> Result:
                   {f"user-{p.party}": adapter for p in pairs})
 
 
-@cases(150)
+@cases(100)
 @given(users=st.lists(NAMES, min_size=1, max_size=3), out=st.sampled_from(["new", "a-file", "foreign", "trained"]))
 def test_random_user_names_never_reach_outside_the_run_folder(place, capsys, monkeypatch, users, out):
     monkeypatch.setattr(pshare_entry, "train_pshare_lora", stub_training)
@@ -98,7 +98,7 @@ FILES = st.sampled_from(["manifest.json", "adapters/user-ana/adapter_config.json
                          "adapters/user-ana", "adapters"])
 
 
-@cases(40)
+@cases(30)
 @given(damage=DAMAGES, file=FILES, data=st.data(), who=st.sampled_from(["--user", "--adapter", "none"]))
 def test_random_score_arguments_and_damaged_runs_give_exit_0_or_one_line(place, capsys, tmp_path_factory, damage,
                                                                           file, data, who):
@@ -126,7 +126,7 @@ def test_random_score_arguments_and_damaged_runs_give_exit_0_or_one_line(place, 
 NUMBERS = st.one_of(st.integers(-10, 10**12).map(str), st.floats().map(str), st.sampled_from(["", "x", "1e3", "0x10"]))
 
 
-@cases(150)
+@cases(100)
 @given(tokens=NUMBERS, temperature=NUMBERS, seed=NUMBERS)
 def test_random_generate_arguments_are_refused_in_one_line_or_in_range(place, capsys, monkeypatch, tokens,
                                                                        temperature, seed):
@@ -144,7 +144,7 @@ NODE_ITEMS = st.one_of(st.text(max_size=12), st.builds(lambda i, k, v: f"{i}:{k}
                                                        st.sampled_from(["2", "4", "999", "-1", "x", "[1]", ""])))
 
 
-@cases(150)
+@cases(100)
 @given(config=st.sampled_from(["deploy/fslora", "deploy/fedavg-lora", "quickstart/quick", "a-file", "nosuch.yaml"]),
        nodes=st.one_of(st.integers(-2, 5).map(str), st.sampled_from(["1000", "x", ""])),
        items=st.lists(NODE_ITEMS, max_size=3), out=st.sampled_from(["new", "a-file", "foreign", "trained"]))

@@ -289,7 +289,7 @@ def _in(kind: type[int] | type[float], low: float, high: float) -> Callable[[str
             raise argparse.ArgumentTypeError(f"{short(text)}: not {'an integer' if kind is int else 'a number'}") \
                 from None
         if not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"{short(text)}: must be in {low:g}..{high:g}")
+            raise argparse.ArgumentTypeError(f"{short(text)}: must be in {low:,}..{high:,}")
         return value
 
     return parse
@@ -340,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     p_gen.add_argument("--adapter", help="which saved adapter (default: the only one)")
     p_gen.add_argument("--max-new-tokens", type=_in(int, 1, MAX_NEW_TOKENS), default=64)
     p_gen.add_argument("--temperature", type=_in(float, 0, 100), default=0.0, help="0: greedy")
-    p_gen.add_argument("--seed", type=_in(int, 0, 2**63 - 1), default=0)
+    p_gen.add_argument("--seed", type=_in(int, 0, 2**32 - 1), default=0)
     p_deploy = sub.add_parser("deploy", help="run a federated method on a loopback Flower deployment (TLS, node auth)")
     p_deploy.add_argument("config", type=Path, help="a deployment config (method, data, settings), e.g. "
                           "deploy/fedavg-lora")
@@ -413,6 +413,10 @@ def main(argv: list[str] | None = None) -> int:
     except RoundFailed as err:
         print(f"error: {err}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"{args.command}: interrupted; a `run` continues with `collabalign resume`, a `train` left nothing",
+              file=sys.stderr)
+        return 130
     except (MemoryError, RuntimeError) as err:  # a setting that asks for more memory than the machine has
         if not out_of_memory(err):
             raise

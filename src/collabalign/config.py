@@ -121,8 +121,10 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 
 def field_problems(err: ValidationError) -> list[str]:
-    """One 'key = value: problem' line per failed field of a pydantic error."""
-    return [f"{cut('.'.join(str(p) for p in e['loc'])) or '<root>'} = {short(e.get('input'))}: {e['msg']}"
+    """One 'key = value: problem' line per failed field of a pydantic error; a check across fields (on the whole
+    config) is its message alone, which names the fields."""
+    return [e["msg"] if not e["loc"] and isinstance(e.get("input"), dict | list)
+            else f"{cut('.'.join(str(p) for p in e['loc'])) or '<root>'} = {short(e.get('input'))}: {e['msg']}"
             for e in err.errors()]
 
 

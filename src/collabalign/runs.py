@@ -286,10 +286,10 @@ def claimed_folder(path: Path, command: str, key: str | None = None, force: bool
         fresh = empty and (owner is None or owner["command"] in owners)
         if not fresh:
             _check_owner(path, command, owner, key, force)
-        replaced = not fresh and key is not None and owner["key"] != key
-        if fresh or replaced or not (path / OWNER_FILE).is_file():
-            atomic_write_text(path / OWNER_FILE, json.dumps({"command": owners[0] if fresh else owner["command"],
-                                                             "key": key}) + "\n")
+        replaced = not fresh and key is not None and owner["key"] not in (None, key)
+        if fresh or replaced or not (path / OWNER_FILE).is_file():  # a command without a key keeps the folder's
+            record = {"command": owners[0], "key": key} if fresh else {**owner, "key": key or owner["key"]}
+            atomic_write_text(path / OWNER_FILE, json.dumps(record) + "\n")
         yield Claim(path, fresh, created, replaced)
 
 

@@ -105,7 +105,6 @@ def deployment(root, pshare_run) -> Iterator[LoopbackDeployment]:
     with LoopbackDeployment(root / "second", env=ENV, state_dir=root / "state", workers=True) as second:
         second.node_settings = DECLARED
         second.start(NODES)
-        second.wait_status(list(range(NODES)), "online")
         yield second
 
 
