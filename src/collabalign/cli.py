@@ -30,12 +30,11 @@ from collabalign.config import (
     short,
     validate,
 )
-from collabalign.data.errors import DataError
+from collabalign.data.errors import DataError, PromptError
 from collabalign.deployment import MAX_NODES
 from collabalign.experiments import EXPERIMENTS
 from collabalign.federation.checkpoint import CheckpointError
 from collabalign.federation.engine import RoundFailed
-from collabalign.policy.model import PromptError
 from collabalign.report import summarise_reports, write_report
 from collabalign.runs import RunDir, claimed_folder, fingerprint
 

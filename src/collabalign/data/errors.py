@@ -24,6 +24,10 @@ class DataError(ValueError):
         return type(self), (self.path, self.line, self.field, self.message)
 
 
+class PromptError(ValueError):
+    """A prompt a policy cannot take (too long for its `max_prompt_tokens`, or no tokens): the user's to fix."""
+
+
 def unreadable(path: str | Path, err: OSError) -> DataError:
     """The DataError for a data file that cannot be read at all: missing, a folder, not permitted, or corrupt."""
     return DataError(path, None, None, "no such file" if isinstance(err, FileNotFoundError)

@@ -13,6 +13,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import pad_sequence
 
 from collabalign.config import LoRASection
+from collabalign.data.errors import PromptError
 from collabalign.data.limits import cut_texts, max_chars
 from collabalign.lora.inject import inject_lora, lora_parameters
 from collabalign.lora.targets import default_targets
@@ -20,10 +21,6 @@ from collabalign.models.backbones import Backbone
 from collabalign.models.pooled import layer_stack, top_block_targets
 from collabalign.policy.rollout import Rollout
 from collabalign.policy.sampling import sample_next
-
-
-class PromptError(ValueError):
-    """A prompt the policy cannot take (too long, or no tokens): the user's to fix, in one line."""
 
 
 def shared_reads(prompts: Sequence[str]) -> tuple[np.ndarray, np.ndarray] | None:

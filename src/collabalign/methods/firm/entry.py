@@ -18,7 +18,7 @@ from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Pos
 
 from collabalign.artifacts import Adapter, Result
 from collabalign.config import ConfigError, Distinct, LoRASection, Strict
-from collabalign.data.errors import DataError
+from collabalign.data.errors import DataError, PromptError
 from collabalign.data.formats import file_hash, json_hash, load_prompts
 from collabalign.data.partition import iid
 from collabalign.federation.engine import EngineOptions, SimulationResult
@@ -28,7 +28,7 @@ from collabalign.methods.firm.federated import ClientData, FederatedPPO, Federat
 from collabalign.models.backbones import Backbone
 from collabalign.models.saved import own_backbone
 from collabalign.policy import Policy, PPOConfig
-from collabalign.policy.model import PromptError, lora_targets
+from collabalign.policy.model import lora_targets
 from collabalign.seeding import Seeds
 
 Reward = str | Callable[[list[str], list[str]], Sequence[float]]
