@@ -17,7 +17,9 @@ def test_demo_trains_saves_and_reports_each_method(tmp_path, monkeypatch):
     for link in re.findall(r"\]\((plots/[^)]+)\)", text):
         assert (tmp_path / link).is_file(), link
     plots = sorted(p.name for p in (tmp_path / "plots").glob("*.png"))
-    assert plots == ["affpcl.png", "firm.png", "fslora.png", "meta_reward.png", "pshare.png"]
+    slugs = ["affpcl", "firm", "fslora", "meta_reward", "pshare"]
+    assert plots == sorted([f"{s}.png" for s in slugs] + [f"{s}-baseline.png" for s in slugs])  # and its baseline
+    assert text.count("held-out items: difference") == len(list(tmp_path.glob("*/manifest.json")))  # a sentence each
     manifests = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/manifest.json")}
     assert set(manifests) == {"pshare-pshare_si", "pshare-global", "meta_reward", "firm", "fslora", "affpcl-affpcl",
                               "affpcl-il"}

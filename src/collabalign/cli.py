@@ -230,6 +230,10 @@ def train(method: str, data: Path, config: Path | None, overrides: list[str], ou
             raise
     shown = {k: v for k, v in result.metrics.items() if isinstance(v, int | float | str)}
     print(f"{method}: {json.dumps(shown)}", file=sys.stderr)
+    if "baseline" in result.metrics:
+        from collabalign.baselines import sentence
+
+        print(sentence(method, result.metrics["baseline"]), file=sys.stderr)
     return out / "manifest.json"
 
 

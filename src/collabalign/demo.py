@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from collabalign.artifacts import Result
+from collabalign.baselines import sentence
 from collabalign.examples import write_examples
 from collabalign.plotting import line_plot, plt, save
 from collabalign.runs import atomic_write_text
@@ -117,6 +118,31 @@ def _headline(result: Result) -> str:
     return shown
 
 
+def _label(result: Result) -> str:
+    return str(result.config.get("method", result.method))
+
+
+def _against_baseline(path: Path, records: dict[str, dict], title: str) -> None:
+    """Each result's score beside its baseline's on the same held-out items, the difference's interval as a bar."""
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    x = np.arange(len(records))
+    ours = [r["ours"] for r in records.values()]
+    base = [r["baseline_value"] for r in records.values()]
+    ax.bar(x - 0.2, base, 0.4, label="baseline", color="0.7")
+    ax.bar(x + 0.2, ours, 0.4, label="trained")
+    for i, r in enumerate(records.values()):
+        if r["interval"]:
+            low, high = r["interval"]
+            ax.errorbar(i + 0.2, r["ours"], yerr=[[r["difference"] - low], [high - r["difference"]]], color="k",
+                        capsize=3)
+    first = next(iter(records.values()))
+    ax.set_xticks(x, list(records))
+    ax.set_ylabel(first["metric"])
+    ax.legend(fontsize=8)
+    ax.set_title(f"against: {first['baseline']}", fontsize=8)
+    save(fig, path, f"{title}: trained model and baseline")
+
+
 def run_demo(out: str | Path, only: list[str] | None = None) -> Path:
     """Writes the example data, trains each method, saves every result under `out` and writes out/report.md."""
     out = Path(out)
@@ -134,11 +160,16 @@ def run_demo(out: str | Path, only: list[str] | None = None) -> Path:
         seconds = time.perf_counter() - start
         slug = part.__name__
         lines += [f"## {title}", "", text, "", f"![{title}](plots/{slug}.png)", ""]
+        against = {_label(r): r.metrics["baseline"] for r in results if "baseline" in r.metrics}
+        if against:
+            _against_baseline(out / "plots" / f"{slug}-baseline.png", against, title)
+            lines += [f"![{title} against its baseline](plots/{slug}-baseline.png)", ""]
         for result in results:
             folder = result.save(out / (slug if len(results) == 1 else f"{slug}-{result.config['method']}"))
             names = ", ".join(sorted(result.adapters)) or ", ".join(sorted(result.arrays))
-            lines.append(f"- `{folder.relative_to(out)}` ({result.config.get('method', result.method)}): "
-                         f"{_headline(result)}; saved: {names}")
+            lines.append(f"- `{folder.relative_to(out)}` ({_label(result)}): {_headline(result)}; saved: {names}")
+            if "baseline" in result.metrics:
+                lines.append(f"  - {sentence(_label(result), result.metrics['baseline'])}")
         lines += ["", f"({seconds:.0f} s)", ""]
     lines += ["Use them (from this folder): `collabalign score pshare-pshare_si --file data/texts.jsonl --user ana`, "
               "`collabalign generate firm --prompt \"How do I keep basil fresh?\"`.", ""]

@@ -18,6 +18,9 @@ def test_trains_on_a_users_file_and_saves_a_peft_reward_model(tmp_path):
     result = train_fedavg_lora(CONFIG, path)
     assert result.metrics["clients"] == 3 and result.metrics["test_pairs"] == 10
     assert result.metrics["accuracy"] > 0.5  # the fruit task is learned above chance in 3 rounds
+    baseline = result.metrics["baseline"]  # the same 10 held-out pairs, the probe fitted on the training pairs
+    assert baseline["ours"] == pytest.approx(result.metrics["accuracy"]) and baseline["items"] == 10
+    assert baseline["verdict"] in ("beats", "ties with", "loses to") and "Bradley-Terry probe" in baseline["baseline"]
     run = result.save(tmp_path / "run")
     manifest = json.loads((run / "manifest.json").read_text())
     assert manifest["method"] == "fedavg-lora" and manifest["base_model"] == "tiny-llama"

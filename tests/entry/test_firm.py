@@ -37,6 +37,12 @@ def test_trains_on_a_users_prompts_with_a_callable_and_a_shipped_reward(run):
     assert [r["round"] for r in m["rounds"]] == [0, 1, 2]
     assert {"lambda_0", "lambda_1", "train_reward_0", "train_reward_1"} <= set(m["rounds"][-1])
     assert 0 <= m["eval_reward_1"] <= 1
+    baseline = m["baseline"]  # the base policy (adapter off) on the same held-out prompts and generator
+    assert baseline["items"] == 2 and set(baseline["per_objective"]) == {"mentions_fruit", "brevity"}
+    assert baseline["metric"] == "preference-weighted reward"
+    weighted = 0.75 * baseline["per_objective"]["mentions_fruit"]["ours"] + 0.25 * baseline["per_objective"][
+        "brevity"]["ours"]  # the preference [1.5, 0.5], normalised
+    assert baseline["ours"] == pytest.approx(weighted, abs=1e-5)
     manifest = json.loads((path / "manifest.json").read_text())
     assert (manifest["method"], manifest["kind"], manifest["adapters"]) == ("firm", "policy", ["policy"])
     assert manifest["config"]["preference"] == [1.5, 0.5] and len(manifest["data_hash"]) == 64

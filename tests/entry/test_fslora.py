@@ -34,6 +34,8 @@ def test_global_and_device_adapters_reload_as_trained(tmp_path):
     result = train_fslora(CONFIG, write_jsonl(tmp_path / "mine.jsonl", sentences()))
     assert result.metrics["devices"] == 2 and result.metrics["test_examples"] == 10
     assert result.metrics["rounds"][-1]["loss"] < result.metrics["rounds"][0]["loss"]  # it trains
+    baseline = result.metrics["baseline"]  # the global classifier and a logistic probe on the same 10 examples
+    assert baseline["ours"] == pytest.approx(result.metrics["accuracy"]) and baseline["items"] == 10
     run = result.save(tmp_path / "run")
     manifest = json.loads((run / "manifest.json").read_text())
     assert (manifest["method"], manifest["kind"], manifest["base_model"]) == ("fslora", "classifier", "tiny-llama")

@@ -53,6 +53,9 @@ def test_meta_learns_a_reward_that_loads_through_peft(tmp_path):
                                atol=1e-5)
     right = (saved[:6] > saved[6:]) + 0.5 * (saved[:6] == saved[6:])  # a tie counts half
     assert np.mean(right) == m["held_out_reward_accuracy"]  # the metric is the saved reward's
+    assert m["baseline"]["ours"] == m["held_out_reward_accuracy"] and m["baseline"]["items"] == 6
+    assert "trained on the other domains" in m["baseline"]["baseline"]
+    assert ("note" in m) == (m["selected_step"] == 0)  # keeping the initial reward is said, never silent
     arrays = load_file(str(run / "arrays.safetensors"))
     assert arrays["held_out_policy.lm_head.lora_A"].shape == (2, 64)
     assert arrays["held_out_policy.lm_head.lora_B"].shape == (len(backbone.tokenizer), 2)

@@ -69,6 +69,10 @@ def test_every_user_gets_a_saved_peft_reward_model_that_scores_as_trained(tmp_pa
     margin = {u: s[0] - s[1] for u, s in scores.items()}  # praise minus rudeness
     assert margin[0] > 0 and margin[1] > 0 and margin[2] < 0  # each user's own preference, learned
     assert result.metrics["accuracy"] > 0.8
+    baseline = result.metrics["baseline"]  # the same held-out pairs, every user weighing the same
+    assert baseline["ours"] == pytest.approx(result.metrics["accuracy"]) and baseline["items"] == 10
+    assert "probe per user" in baseline["baseline"] and 0 <= baseline["baseline_value"] <= 1
+    assert manifest["metrics"]["baseline"] == baseline
     peft = PeftModel.from_pretrained(fresh(backbone).model, str(run / "adapters" / "user-grower-0"))
     assert sum("lora_A" in n for n, _ in peft.named_parameters()) == 4  # q, k, v, o of the top block
 

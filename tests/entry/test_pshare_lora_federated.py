@@ -52,6 +52,7 @@ def test_personal_models_learn_each_users_own_preference(tmp_path, backbone):
         margin[u] = scores[0] - scores[1]  # praise minus rudeness
     assert margin[0] > 0 and margin[1] > 0 and margin[2] < 0, margin
     assert result.metrics["accuracy"] > 0.8
+    assert result.metrics["baseline"]["ours"] == pytest.approx(result.metrics["accuracy"])  # users weigh the same
 
 
 def test_the_aggregation_rule_combines_the_shared_parameters(tmp_path, backbone):

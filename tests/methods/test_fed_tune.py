@@ -100,6 +100,12 @@ def test_a_federated_run_learns_repeats_and_saves_its_policy(objective, examples
     else:
         assert metrics["loss"] < metrics["base"]["loss"] and 0 <= metrics["base_accuracy"] <= 1
     assert metrics["clients"] == 3 and metrics["long_prompts_left_out"] == 0
+    baseline = metrics["baseline"]  # against the base policy on the same held-out pairs
+    if objective == "sft":
+        assert baseline["verdict"] == "beats" and baseline["baseline_value"] > baseline["ours"]  # NLL: lower wins
+    else:
+        assert baseline["baseline_value"] == pytest.approx(metrics["base_accuracy"])
+        assert baseline["ours"] == pytest.approx(metrics["ranking"])
     if objective == "sft":
         assert train_fed_tune(config, examples["pairs"]).metrics == metrics  # same config and seed: same run
     run = result.save(tmp_path / "run")

@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from collabalign.artifacts import Adapter, Result
+from collabalign.baselines import compare
 from collabalign.config import LoRASection, Strict
 from collabalign.data.errors import DataError
 from collabalign.data.formats import pairs_and_hash
@@ -30,6 +32,7 @@ from collabalign.lora.peft_io import peft_adapter
 from collabalign.methods.fedavg import fedavg
 from collabalign.methods.policy_trainer import PolicyTrainer, base_ranking_accuracy, encode_policy_pairs
 from collabalign.models.backbones import Backbone
+from collabalign.models.reward import pair_correct
 from collabalign.models.saved import own_backbone
 from collabalign.policy.model import Policy, lora_targets
 from collabalign.seeding import Seeds
@@ -109,6 +112,7 @@ def fed_tune_job(config: FedTuneConfig, data: str | Path | PreferenceSet,
             metrics["base"] = trainer.evaluate(trainer.initial_params(seeds))  # the reference, adapters at zero
             if config.objective == "dpo":
                 metrics["base_accuracy"] = base_ranking_accuracy(test)
+            metrics["baseline"] = base_policy_baseline(trainer, algorithm.params(sim.state), seeds)
         policy.load_adapter_state(algorithm.params(sim.state))  # the trained policy, saved and returned
         adapter = Adapter(*peft_adapter(policy.model, None, "", name, task_type="CAUSAL_LM"))
         return Result(f"fed-{config.objective}", "policy", name, config.model_dump(), data_hash, metrics,
@@ -117,6 +121,20 @@ def fed_tune_job(config: FedTuneConfig, data: str | Path | PreferenceSet,
 
     return FederatedJob(f"fed-{config.objective}", algorithm, clients, config.rounds, config.seed, config.engine,
                         finish)
+
+
+def base_policy_baseline(trainer: PolicyTrainer, params: dict, seeds: Seeds) -> dict:
+    """The trained policy (`params`) against the base policy (adapters at zero) on the held-out pairs: SFT by the
+    chosen reply's NLL per token, DPO by the policy's own ranking (its log-probability margin of chosen over
+    rejected, above 0) against the base model's (`baselines.compare`)."""
+    ours, base = trainer.scores(params), trainer.scores(trainer.initial_params(seeds))
+    if trainer.objective == "sft":
+        return compare("NLL per token of the chosen reply", ours.numpy(), base.numpy(), "the base policy (no adapter)",
+                       lower_is_better=True)
+    margin = trainer.test.ref_chosen - trainer.test.ref_rejected
+    return compare("ranking accuracy (the policy's own log-probabilities)", pair_correct(margin + ours / trainer.beta,
+                   torch.zeros_like(margin)).numpy(), pair_correct(margin, torch.zeros_like(margin)).numpy(),
+                   "the base policy's ranking")
 
 
 def prompt_tokens(policy: Policy, prompt: str) -> int:

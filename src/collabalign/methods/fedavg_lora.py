@@ -9,11 +9,13 @@ any Hugging Face model, one global LoRA reward model back.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from collabalign.artifacts import Result
+from collabalign.baselines import compare, probe_pairs
 from collabalign.config import LoRASection, Strict
 from collabalign.data.formats import pairs_and_hash
 from collabalign.data.partition import by_key, iid
@@ -24,10 +26,10 @@ from collabalign.federation.job import FederatedJob
 from collabalign.federation.server_opt import ServerOptimizer
 from collabalign.lora.targets import default_targets
 from collabalign.methods.fedavg import fedavg
-from collabalign.methods.reward_trainer import RewardTrainer, encode_pairs
+from collabalign.methods.reward_trainer import EncodedPairs, RewardTrainer, encode_pairs
 from collabalign.models.backbones import Backbone
-from collabalign.models.cached import lora_top_blocks
-from collabalign.models.reward import RewardModel
+from collabalign.models.cached import frozen_features, lora_top_blocks
+from collabalign.models.reward import RewardModel, pair_correct
 from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
 from collabalign.seeding import Seeds
 
@@ -87,8 +89,20 @@ def fedavg_lora_job(config: FedAvgLoRAConfig, data: str | Path | PreferenceSet,
                    "test_pairs": n_test, "bytes": sim.ledger.total()}
         if n_test:
             metrics.update(sim.metrics[-1])
+            metrics["baseline"] = probe_baseline(trainer, encoded, train_rows, test_rows, backbone, name, config.seed)
         adapter = pooled_adapter(reward, base_prefix(backbone.model), name)
         return Result("fedavg-lora", "reward", name, config.model_dump(), data_hash, metrics, {"global": adapter},
                       max_length=config.max_length, model=reward)
 
     return FederatedJob("fedavg-lora", algorithm, clients, config.rounds, config.seed, config.engine, finish)
+
+
+def probe_baseline(trainer: RewardTrainer, encoded: EncodedPairs, train_rows: np.ndarray, test_rows: np.ndarray,
+                   backbone: Backbone, name: str, seed: int) -> dict[str, Any]:
+    """The trained reward model (as loaded in `trainer`) against a Bradley-Terry probe on the frozen backbone's
+    features of the training pairs, on the same held-out pairs (`baselines.compare`)."""
+    hits = pair_correct(*trainer.test_rewards(trainer.params(), encoded[test_rows])).numpy()
+    features = frozen_features(backbone.model, backbone.causal, encoded.texts).numpy()
+    rows = np.arange(len(encoded))
+    probe = probe_pairs(features, rows, rows + len(encoded), train_rows, test_rows, Seeds(seed).numpy("baseline-probe"))
+    return compare("accuracy", hits, probe, f"a Bradley-Terry probe on frozen {name} features")

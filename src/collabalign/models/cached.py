@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from collabalign.lora.inject import inject_lora
+from collabalign.lora.inject import inject_lora, lora_layers
 from collabalign.models.pooled import PooledModel, Tokens, layer_stack, tokenize, top_block_targets
 
 
@@ -91,3 +91,27 @@ class CachedModel(nn.Module):
     def forward(self, rows: Tensor) -> Tensor:
         tokens, features = self.cache.batch(rows, self.pooled.head.weight.device)
         return self.pooled(tokens, features, self.cache.split)
+
+
+
+@torch.no_grad()
+def frozen_features(backbone: nn.Module, causal: bool, cache: TextCache, batch_size: int = 128) -> Tensor:
+    """Every cached text's pooled hidden state of the frozen backbone (any LoRA in it switched off; pooled as the
+    reward models and classifiers pool: mean for encoders, last real token for causal models), float32 on the CPU: a
+    probe's inputs."""
+    hidden = backbone.config.hidden_size
+    pooled = PooledModel(backbone, causal, hidden, torch.Generator().manual_seed(0))
+    pooled.head.weight.copy_(torch.eye(hidden, dtype=pooled.head.weight.dtype))  # the head passes the state through
+    pooled.head.bias.zero_()
+    model, rows = CachedModel(pooled, cache), torch.arange(len(cache))
+    layers = lora_layers(backbone)
+    enabled, training = {n: m.enabled for n, m in layers.items()}, backbone.training
+    for layer in layers.values():
+        layer.enabled = False
+    backbone.eval()
+    try:
+        return torch.cat([model(rows[s:s + batch_size]).float().cpu() for s in range(0, len(rows), batch_size)])
+    finally:
+        for name, layer in layers.items():
+            layer.enabled = enabled[name]
+        backbone.train(training)

@@ -22,7 +22,7 @@ AGENTS = {k[2:]: (v, ARRAYS[f"y_{k[2:]}"]) for k, v in ARRAYS.items() if k.start
                                                         "seed": 7}])
 def test_the_federated_run_is_the_centralised_affpcl(settings):
     federated = train_affpcl_federated(FederatedAffPCLConfig(**settings, eval_every=40), AGENTS)
-    central = train_affpcl(AffPCLConfig(**settings), AGENTS)
+    central = train_affpcl(AffPCLConfig(**settings, ratios="exact", test_fraction=0), AGENTS)
     assert sorted(federated.arrays) == sorted(central.arrays) == ["central", *(f"solution/{a}" for a in AGENTS)]
     for name, value in central.arrays.items():
         np.testing.assert_allclose(federated.arrays[name], value, rtol=0, atol=1e-12, err_msg=name)

@@ -1,6 +1,7 @@
 """AffPCL on the user's agent arrays with the agents as federated clients: one round is one step of `train_affpcl`'s
-AffPCL (oracle central objective, CDL 22-1, exact density ratios), on the same draws, so the simulated run equals the
-centralised driver's to float64 rounding. `collabalign train affpcl-federated` / `deploy deploy/affpcl-federated`.
+AffPCL with `ratios="exact", test_fraction=0` (oracle central objective, CDL 22-1, exact density ratios over row
+identities, every row trained on), on the same draws, so the simulated run equals the centralised driver's to float64
+rounding. `collabalign train affpcl-federated` / `deploy deploy/affpcl-federated`.
 
     from collabalign.methods.affpcl.federated_arrays import FederatedAffPCLConfig, train_affpcl_federated
     result = train_affpcl_federated(FederatedAffPCLConfig(steps=400), "agents.npz")

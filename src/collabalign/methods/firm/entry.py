@@ -17,6 +17,7 @@ import numpy as np
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt
 
 from collabalign.artifacts import Adapter, Result
+from collabalign.baselines import compare
 from collabalign.config import ConfigError, Distinct, LoRASection, Strict
 from collabalign.data.errors import DataError, PromptError
 from collabalign.data.formats import file_hash, json_hash, load_prompts
@@ -148,6 +149,30 @@ def lambda_rule(config: FIRMConfig, m: int) -> LambdaRule:
     return LambdaRule("fixed", w=tuple(float(x) for x in w / w.sum()))
 
 
+def base_policy_baseline(policy: Policy, prompts: list[str], rewards: dict[str, Callable], config: FIRMConfig,
+                         seeds: Seeds) -> dict:
+    """The trained policy against the base policy (its adapter off), each answering the held-out prompts once from
+    the same generator: the reward per prompt, averaged over the objectives (weighted by `preference` when given),
+    compared by `baselines.compare`; each objective's two means beside it."""
+    def answers() -> list[str]:
+        return policy.generate(prompts, config.max_new_tokens, generator=seeds.torch("firm/baseline"),
+                               temperature=config.temperature, max_prompt_tokens=config.max_prompt_tokens).responses
+
+    ours = answers()
+    with policy.reference():
+        base = answers()
+    weights = np.ones(len(rewards)) if config.preference is None else np.asarray(config.preference)
+    weights = weights / weights.sum()
+    scores = {name: (f(prompts, ours), f(prompts, base)) for name, f in rewards.items()}
+    record = compare("reward (mean over objectives)" if config.preference is None else "preference-weighted reward",
+                     sum(w * s[0] for w, s in zip(weights, scores.values(), strict=True)),
+                     sum(w * s[1] for w, s in zip(weights, scores.values(), strict=True)),
+                     "the base policy (no adapter)")
+    record["per_objective"] = {name: {"ours": round(float(a.mean()), 6), "baseline": round(float(b.mean()), 6)}
+                               for name, (a, b) in scores.items()}
+    return record
+
+
 def train_firm(config: FIRMConfig, data: str | Path | Sequence[str], model: Backbone | str | None = None,
                rewards: Sequence[Reward] | None = None, progress: bool = False) -> Result:
     """Trains the global policy; per-round λ and rewards, and the held-out mean reward per objective (when
@@ -198,6 +223,9 @@ def firm_job(config: FIRMConfig, data: str | Path | Sequence[str], model: Backbo
         metrics = {"rounds": rounds, "objectives": names, "clients": len(clients), "train_prompts": len(train),
                    "test_prompts": n_test, "bytes": sim.ledger.total()}
         metrics.update({k: v for k, v in rounds[-1].items() if k.startswith("eval_reward_")})
+        if test:
+            metrics["baseline"] = base_policy_baseline(policy, test, dict(zip(names, functions, strict=True)),
+                                                       config, seeds)
         adapter = Adapter(*peft_adapter(policy.model, None, "", base_name, task_type="CAUSAL_LM"))
         used = {**config.model_dump(), "rewards": names}  # the rewards actually used (a callable by its name)
         return Result("firm", "policy", base_name, used, data_hash, metrics, {"policy": adapter},

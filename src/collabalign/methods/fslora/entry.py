@@ -18,6 +18,7 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from collabalign.artifacts import Result
+from collabalign.baselines import compare, label_probe
 from collabalign.config import LoRASection, Strict
 from collabalign.data.formats import file_hash, json_hash, load_labelled
 from collabalign.data.glue import TextDataset
@@ -37,7 +38,7 @@ from collabalign.methods.fslora.heterolora import heterolora
 from collabalign.methods.fslora.problems import ClassificationData, Factors, LocalSGD, TorchLoRAProblem
 from collabalign.methods.fslora.sketch import SubspaceLoRA, fslora
 from collabalign.models.backbones import Backbone
-from collabalign.models.cached import CachedModel, cache_texts, lora_top_blocks
+from collabalign.models.cached import CachedModel, TextCache, cache_texts, frozen_features, lora_top_blocks
 from collabalign.models.pooled import PooledModel
 from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
 from collabalign.seeding import Seeds
@@ -127,10 +128,29 @@ def fslora_job(config: FSLoRAConfig, data: str | Path | TextDataset,
             factors, scale = _global_view(method, sim.state)
             problem.load(factors, head, scale, None)  # last: result.model is the global classifier
             adapters["global"] = pooled_adapter(pooled, prefix, name)
+        if n_test:  # the model result.model holds against a probe on the frozen features
+            metrics["baseline"] = probe_baseline(problem, backbone, name, cache, texts.labels, train_rows, test_rows,
+                                                 seeds)
         return Result(config.method, "classifier", name, config.model_dump(), data_hash, metrics, adapters,
                       max_length=config.max_length, model=pooled)
 
     return FederatedJob(config.method, method, clients, config.rounds, config.seed, config.engine, finish)
+
+
+def probe_baseline(problem: TorchLoRAProblem, backbone: Backbone, name: str, cache: TextCache, labels: np.ndarray,
+                   train_rows: np.ndarray, test_rows: np.ndarray, seeds: Seeds) -> dict:
+    """The classifier as loaded in `problem` against a logistic probe (a ridge probe for regression) on the frozen
+    backbone's features of the training examples, on the same held-out examples (`baselines.compare`)."""
+    with torch.no_grad():
+        out = torch.cat([problem.forward(problem.test.x[s:s + problem.eval_batch_size]).cpu()
+                         for s in range(0, len(problem.test), problem.eval_batch_size)])
+    y = problem.test.y
+    ours = (out[:, 0] - y) ** 2 if problem.regression else (out.argmax(-1) == y).double()
+    features = frozen_features(backbone.model, backbone.causal, cache).numpy()
+    probe = label_probe(features, labels, train_rows, test_rows, seeds.numpy("baseline-probe"), problem.regression)
+    what = "a ridge probe" if problem.regression else "a logistic probe"
+    return compare("squared error" if problem.regression else "accuracy", ours.numpy(), probe,
+                   f"{what} on frozen {name} features", lower_is_better=problem.regression)
 
 
 def _labelled(data: str | Path | TextDataset) -> tuple[TextDataset, str]:

@@ -24,6 +24,7 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
 from collabalign.artifacts import Result
+from collabalign.baselines import bt_probe, compare, probe_hits
 from collabalign.config import ConfigError, LoRASection, Strict, short
 from collabalign.data.amazon_reviews import split_pairs
 from collabalign.data.formats import pairs_and_hash
@@ -43,6 +44,7 @@ from collabalign.methods.meta_reward.text import (
 )
 from collabalign.models.backbones import Backbone
 from collabalign.models.pooled import PooledModel, tokenize
+from collabalign.models.reward import pair_correct
 from collabalign.models.reward import preference_accuracy as reward_accuracy
 from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
 from collabalign.models.text_reward import standardiser
@@ -139,6 +141,19 @@ def _accuracy(rewards: np.ndarray, pairs: Pairs) -> float:
     return reward_accuracy(r[pairs.chosen], r[pairs.rejected])
 
 
+def other_domains_probe(features: np.ndarray, rewards: np.ndarray, train: list[Pairs], held_out: Pairs, name: str,
+                        seeds: Seeds) -> dict:
+    """The meta-learned reward against a Bradley-Terry probe on the same frozen features trained on every pair of the
+    training domains, both scored on the held-out domain's pairs (`baselines.compare`)."""
+    chosen, rejected = torch.cat([p.chosen for p in train]).numpy(), torch.cat([p.rejected for p in train]).numpy()
+    head = bt_probe(features[chosen], features[rejected], seeds.numpy("baseline-probe"))
+    probe = probe_hits(head, features[held_out.chosen.numpy()], features[held_out.rejected.numpy()])
+    r = torch.as_tensor(rewards)
+    ours = pair_correct(r[held_out.chosen], r[held_out.rejected]).numpy()
+    return compare("held-out domain accuracy", ours, probe,
+                   f"a Bradley-Terry probe on frozen {name} features trained on the other domains")
+
+
 def train_meta_reward(config: MetaRewardConfig, data: str | Path | PreferenceSet, model: Backbone | str | None = None,
                       policy: Backbone | str | None = None, progress: bool = False) -> Result:
     """Meta-learns the reward (`result.adapters["global"]`) on every domain but `config.held_out`; metrics hold its
@@ -189,7 +204,12 @@ def train_meta_reward(config: MetaRewardConfig, data: str | Path | PreferenceSet
                "reward_accuracy": {d: _accuracy(rewards, domains[d].pairs) for d in domains},
                "held_out_apl": {"sft": preference_accuracy(task, theta, target.pairs),
                                 "meta_test": preference_accuracy(task, adapted, target.pairs)},
-               "selected_step": meta_result.step, "log": meta_result.log}
+               "selected_step": meta_result.step, "log": meta_result.log,
+               "baseline": other_domains_probe(raw, rewards, [domains[d].pairs for d in train], target.pairs, name,
+                                               seeds)}
+    if meta_result.step == 0:
+        metrics["note"] = ("model selection kept the initial reward (outer step 0): meta-training never raised the "
+                           "training domains' validation accuracy")
     adapter = pooled_adapter(reward, base_prefix(encoder.model), name)
     return Result("meta-reward", "reward", name, config.model_dump(), data_hash, metrics, {"global": adapter},
                   arrays=arrays, max_length=config.max_length, model=reward)

@@ -18,6 +18,7 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt
 
 from collabalign.artifacts import Adapter, Result
+from collabalign.baselines import compare, probe_pairs
 from collabalign.config import LoRASection, Probability, Strict
 from collabalign.data.errors import DataError
 from collabalign.data.formats import pairs_and_hash
@@ -26,14 +27,15 @@ from collabalign.lora.targets import default_targets
 from collabalign.methods.pshare_lora.text import (
     TextRewardModel,
     TextTraining,
+    accuracy_by_user,
     encode,
-    evaluate,
     fit_model,
+    pair_hits,
     prefs_from_pairs,
 )
 from collabalign.methods.pshare_lora.train import METHODS, Prefs
 from collabalign.models.backbones import Backbone
-from collabalign.models.cached import TextCache
+from collabalign.models.cached import TextCache, frozen_features
 from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
 from collabalign.seeding import Seeds
 
@@ -84,15 +86,29 @@ def train_pshare_lora(config: PShareLoRAConfig, data: str | Path | PreferenceSet
     metrics = {"users": len(names), "train_pairs": len(train_rows), "test_pairs": len(test_rows), "steps": steps,
                "train_loss": round(losses[-1], 6)}
     if len(test_rows):
-        held_out = evaluate(reward, prefs[test_rows], len(names))
+        hits = pair_hits(reward, prefs[test_rows])
+        held_out = accuracy_by_user(hits, prefs.users[test_rows], len(names))
         metrics.update(accuracy=held_out["accuracy"],
-                       accuracy_per_user=dict(zip(names, held_out["accuracy_per_user"], strict=True)))
+                       accuracy_per_user=dict(zip(names, held_out["accuracy_per_user"], strict=True)),
+                       baseline=user_probe_baseline(hits, backbone, base, cache, prefs, train_rows, test_rows,
+                                                    config.seed))
         if progress:
             print(f"pshare-lora: held-out accuracy {held_out['accuracy']:.4f}", file=sys.stderr)
     adapters = {f"user-{name}": user_adapter(reward, base_prefix(backbone.model), base, i)
                 for i, name in enumerate(names)}
     return Result("pshare-lora", "reward", base, config.model_dump(), data_hash, metrics, adapters,
                   max_length=config.max_length, model=reward)
+
+
+def user_probe_baseline(hits: torch.Tensor, backbone: Backbone, base: str, cache: TextCache, prefs: Prefs,
+                        train_rows: torch.Tensor, test_rows: torch.Tensor, seed: int) -> dict[str, Any]:
+    """The personalised reward models against a Bradley-Terry probe per user on the frozen backbone's features, on the
+    same held-out pairs, every user weighing the same (`baselines.compare`)."""
+    features = frozen_features(backbone.model, backbone.causal, cache).numpy()
+    probe = probe_pairs(features, prefs.chosen.numpy(), prefs.rejected.numpy(), train_rows.numpy(), test_rows.numpy(),
+                        Seeds(seed).numpy("baseline-probe"), groups=prefs.users.numpy())
+    return compare("accuracy", hits.numpy(), probe, f"a Bradley-Terry probe per user on frozen {base} features",
+                   groups=prefs.users[test_rows].numpy())
 
 
 def user_pairs(config: PShareLoRAConfig | Any, data: str | Path | PreferenceSet, model: Backbone | str | None

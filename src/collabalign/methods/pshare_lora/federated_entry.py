@@ -19,6 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, field_validator
 
 from collabalign.artifacts import Result
@@ -30,7 +31,7 @@ from collabalign.federation.job import FederatedJob
 from collabalign.federation.protocol import ClientContext
 from collabalign.federation.server_opt import ServerOptimizer, server_side_only
 from collabalign.lora.targets import default_targets
-from collabalign.methods.pshare_lora.entry import user_pairs
+from collabalign.methods.pshare_lora.entry import user_pairs, user_probe_baseline
 from collabalign.methods.pshare_lora.federated import FederatedPShareLoRA, LocalLoRA, PersonalLoRA, personal_bytes
 from collabalign.methods.pshare_lora.local_trainer import LocalSteps, RoutedLoRA
 from collabalign.methods.pshare_lora.text import TextRewardModel
@@ -119,6 +120,13 @@ def pshare_lora_federated_job(config: FederatedPShareLoRAConfig, data: str | Pat
         adapters = {name: a for c in sim.clients.values() for name, a in personal(sim.state, c).adapters.items()} \
             if here else {}
         shared = {} if here else {f"shared/{n}": sim.state["params"][n] for n in algorithm.shared}
+        if here and len(test_rows):  # the personal models are here to score: each user's against its own probe
+            ours = torch.zeros(len(test_rows), dtype=torch.float64)
+            for c in sim.clients.values():
+                mine = prefs.users[test_rows] == c.data["user"]
+                ours[mine] = trainer.hits(algorithm.user_params(sim.state, c, config.rounds), c.data["test"])
+            metrics["baseline"] = user_probe_baseline(ours, backbone, base, cache, prefs, train_rows, test_rows,
+                                                      config.seed)
         return Result("pshare-lora-federated", "reward", base, config.model_dump(), data_hash, metrics, adapters,
                       shared, max_length=config.max_length)
 

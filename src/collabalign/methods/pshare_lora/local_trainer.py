@@ -12,7 +12,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from collabalign.comm import Params
 from collabalign.lora import lora_layers, routed
@@ -157,10 +157,14 @@ class RoutedLoRA:
 
     def accuracy(self, params: Params, test: Prefs) -> float:
         """Held-out preference accuracy of the model with `params` on `test` (ties count half)."""
+        return float(self.hits(params, test).mean())
+
+    def hits(self, params: Params, test: Prefs) -> Tensor:
+        """Per pair of `test`: 1 when the model with `params` ranks the chosen text higher, 0.5 for a tie, else 0."""
         self.load(params)
         with torch.no_grad(), routed(self.model, torch.cat([test.users, test.users])):
             r = self.model(torch.cat([test.chosen, test.rejected]))
-        return float(pair_correct(r[:len(test)], r[len(test):]).mean())
+        return pair_correct(r[:len(test)], r[len(test):])
 
     def assemble(self, shared: Params, personal: Sequence[Params] = ()) -> nn.Module:
         """A centralised-shaped model: the `shared` parameters, and for each name in the users' `personal`

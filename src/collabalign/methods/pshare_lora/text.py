@@ -167,12 +167,22 @@ def fit(backbone: Backbone, cache: TextCache, data: Prefs, test: Prefs, method: 
 @torch.no_grad()
 def evaluate(model: nn.Module, test: Prefs, n_users: int, batch_size: int = 128) -> dict:
     """Held-out accuracy per user (each user's own model; ties 0.5) and its mean over users."""
+    return accuracy_by_user(pair_hits(model, test, batch_size), test.users, n_users)
+
+
+def pair_hits(model: nn.Module, test: Prefs, batch_size: int = 128) -> Tensor:
+    """Per held-out pair: 1 when its user's model ranks the chosen text higher, 0.5 for a tie, else 0."""
     right = []
     for start in range(0, len(test), batch_size):
         batch = test[torch.arange(start, min(start + batch_size, len(test)))]
         with routed(model, torch.cat([batch.users, batch.users])):
             r = model(torch.cat([batch.chosen, batch.rejected]))
         right.append(pair_correct(r[: len(batch)], r[len(batch):]).cpu())
-    per_user = per_user_mean(test.users, torch.cat(right), n_users)
+    return torch.cat(right)
+
+
+def accuracy_by_user(hits: Tensor, users: Tensor, n_users: int) -> dict:
+    """Accuracy per user from per-pair hits, and its mean over users."""
+    per_user = per_user_mean(users, hits, n_users)
     return {"accuracy": round(float(per_user.mean()), 6), "accuracy_per_user": [round(float(a), 4) for a in per_user]}
 
