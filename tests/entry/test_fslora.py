@@ -5,16 +5,21 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from collabalign.cli import CONFIG_DIR
+from collabalign.config import ConfigError
 from collabalign.data.formats import load_labelled
+from collabalign.jobs import read_spec
 from collabalign.lora.inject import lora_layers, routed
 from collabalign.methods.fslora import FSLoRAConfig, sketch_indices, train_fslora
+from collabalign.methods.fslora.entry import LR_GRID, fslora_job
 from collabalign.models.backbones import tiny_llama
 from collabalign.models.saved import SavedScorer
 from collabalign.seeding import Seeds
+from collabalign.selection import best
 from tests.entry.helpers import assert_bad_line_named, pooled_scores, write_jsonl
 
 CONFIG = FSLoRAConfig(model="tiny-llama", ranks=[2, 4], lora={"rank": 8, "alpha": 8.0, "blocks": 1}, rounds=3,
-                      local_steps=5, lr=0.02, max_length=32)
+                      local_steps=5, optimizer="sgd", lr=0.02, max_length=32)
 BRIGHT, DULL = ["zindle", "quorf", "plimsy"], ["grabnok", "vextol", "drummish"]
 PROBES = ["the plimsy of tuvel number 99", "a grabnok", "quorf quorf"]
 
@@ -124,3 +129,20 @@ def test_server_optimizer_steps_fslora(tmp_path):
     config = FSLoRAConfig(**CONFIG.model_dump() | {"server_optimizer": {"rule": "fedadam", "lr": 0.01}})
     adam = train_fslora(config, path)
     assert adam.metrics["rounds"][-1]["loss"] != plain.metrics["rounds"][-1]["loss"]
+
+
+def test_lr_auto_is_chosen_on_a_slice_of_the_training_examples_and_a_deployment_needs_a_number(tmp_path):
+    path = write_jsonl(tmp_path / "mine.jsonl", sentences())
+    config = CONFIG.model_copy(update={"optimizer": "adamw", "lr": "auto"})
+    result = train_fslora(config, path)
+    selection = result.metrics["lr_selection"]  # 38 training sentences: 8 to choose on, 30 to train the grid on
+    assert selection["examples"] == 8 and list(selection["scores"]) == [f"{lr:g}" for lr in LR_GRID]
+    assert result.metrics["lr"] == selection["chosen"] == best({float(k): v for k, v in selection["scores"].items()})
+    fixed = train_fslora(config.model_copy(update={"lr": selection["chosen"]}), path)
+    np.testing.assert_array_equal(fixed.adapters["global"].head["weight"], result.adapters["global"].head["weight"])
+    with pytest.raises(ConfigError, match="a deployment needs a number"):
+        fslora_job(config, path)
+    with pytest.raises(ConfigError, match="lr = auto: chosen by training in process"):  # before any model loads
+        read_spec(CONFIG_DIR / "deploy" / "fslora.yaml", ["lr=auto"])
+    with pytest.raises(ValidationError, match="momentum is for optimizer: sgd"):
+        FSLoRAConfig(momentum=0.9)

@@ -13,8 +13,8 @@ from collabalign.cli import config_path, load_config, main
 from collabalign.data import shared_data_dir
 from collabalign.experiments.fslora import glue
 from collabalign.experiments.fslora.runner import Runner
-from collabalign.experiments.selection import best
 from collabalign.models.backbones import minilm_l6
+from collabalign.selection import best
 
 from .test_fslora import TOY
 

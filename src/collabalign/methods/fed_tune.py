@@ -109,10 +109,11 @@ def fed_tune_job(config: FedTuneConfig, data: str | Path | PreferenceSet,
                    "long_prompts_left_out": len(pairs) - len(kept), "bytes": sim.ledger.total()}
         if n_test:
             metrics.update({k: v for k, v in sim.metrics[-1].items() if k != "round"})
-            metrics["base"] = trainer.evaluate(trainer.initial_params(seeds))  # the reference, adapters at zero
+            base = trainer.scores(trainer.initial_params(seeds))  # the reference, adapters at zero
+            metrics["base"] = trainer.summary(base)
             if config.objective == "dpo":
                 metrics["base_accuracy"] = base_ranking_accuracy(test)
-            metrics["baseline"] = base_policy_baseline(trainer, algorithm.params(sim.state), seeds)
+            metrics["baseline"] = base_policy_baseline(trainer, trainer.scores(algorithm.params(sim.state)), base)
         policy.load_adapter_state(algorithm.params(sim.state))  # the trained policy, saved and returned
         adapter = Adapter(*peft_adapter(policy.model, None, "", name, task_type="CAUSAL_LM"))
         return Result(f"fed-{config.objective}", "policy", name, config.model_dump(), data_hash, metrics,
@@ -123,11 +124,10 @@ def fed_tune_job(config: FedTuneConfig, data: str | Path | PreferenceSet,
                         finish)
 
 
-def base_policy_baseline(trainer: PolicyTrainer, params: dict, seeds: Seeds) -> dict:
-    """The trained policy (`params`) against the base policy (adapters at zero) on the held-out pairs: SFT by the
-    chosen reply's NLL per token, DPO by the policy's own ranking (its log-probability margin of chosen over
+def base_policy_baseline(trainer: PolicyTrainer, ours: torch.Tensor, base: torch.Tensor) -> dict:
+    """The trained policy against the base policy (adapters at zero) on the held-out pairs, from their `scores`: SFT
+    by the chosen reply's NLL per token, DPO by the policy's own ranking (its log-probability margin of chosen over
     rejected, above 0) against the base model's (`baselines.compare`)."""
-    ours, base = trainer.scores(params), trainer.scores(trainer.initial_params(seeds))
     if trainer.objective == "sft":
         return compare("NLL per token of the chosen reply", ours.numpy(), base.numpy(), "the base policy (no adapter)",
                        lower_is_better=True)

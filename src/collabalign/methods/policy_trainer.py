@@ -167,7 +167,11 @@ class PolicyTrainer:
                           for s in range(0, len(data), self.eval_batch_size)])
 
     def evaluate(self, params: Params) -> dict[str, float]:
-        scores = self.scores(params)
+        return self.summary(self.scores(params))
+
+    def summary(self, scores: Tensor) -> dict[str, float]:
+        """The held-out metrics from `scores` of the held-out set: SFT's NLL per token; DPO's implicit-reward
+        accuracy, the policy's own ranking and the loss."""
         if self.objective == "sft":
             tokens = self.test.chosen.mask.sum(1).clamp(min=1).double()
             return {"nll": float((scores.double() * tokens).sum() / tokens.sum())}

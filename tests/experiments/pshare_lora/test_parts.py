@@ -185,7 +185,7 @@ def test_real_tldr_source_trains_on_the_labelers_own_comparisons(backbone, tmp_p
 
 
 def test_text_lr_is_chosen_per_method_on_a_held_out_slice_of_the_training_pairs(backbone, hh_dir, tmp_path):
-    from collabalign.experiments.selection import best, held_out_slice
+    from collabalign.selection import best, held_out_slice
 
     text = TEXT.model_copy(update={"sources": ["tldr_like"], "seeds": [0], "methods": ["global", "pshare_si"],
                                    "n_train": 10, "lr_grid": [1e-3, 1e-2]})

@@ -25,12 +25,12 @@ from collabalign.experiments.fslora.config import Config
 from collabalign.experiments.fslora.labelled import jsonl_problem
 from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices, federation_settings, score
 from collabalign.experiments.fslora.scores import E1Scores
-from collabalign.experiments.selection import best, held_out_slice
 from collabalign.federation.engine import RoundFailed
 from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, glue_problem
 from collabalign.models.backbones import load_backbone
 from collabalign.runs import fingerprint
 from collabalign.seeding import Seeds
+from collabalign.selection import best, held_out_slice
 
 REFERENCES = ("centralised", "frozen")  # the upper reference and the floor every method is read against
 ARMS = (*METHODS, *REFERENCES)

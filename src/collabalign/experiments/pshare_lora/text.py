@@ -28,7 +28,6 @@ from collabalign.data.tldr_like import generate
 from collabalign.experiments.pshare_lora.config import Config, TextConfig
 from collabalign.experiments.pshare_lora.ordering import ordering_claims
 from collabalign.experiments.pshare_lora.plots import labeler_bars
-from collabalign.experiments.selection import best, held_out_slice
 from collabalign.methods.pshare_lora import LABELS, Prefs
 from collabalign.methods.pshare_lora.entry import split_per_user
 from collabalign.methods.pshare_lora.text import encode, fit, prefs_from_pairs
@@ -38,6 +37,7 @@ from collabalign.models.cached import TextCache
 from collabalign.models.reward import pair_correct
 from collabalign.runs import Part, RunDir, cached_json, fingerprint
 from collabalign.seeding import Seeds
+from collabalign.selection import best, held_out_slice
 
 SOURCE_NAMES = {"tldr_like": "TL;DR-like", "hh": "HH-RLHF", "tldr": "Reddit TL;DR", "jsonl": "JSONL pairs"}
 TEXT_SELECTION = {"run", "seeds", "sources", "methods", "lr_grid"}  # which fits run (each fit's lr: its name)

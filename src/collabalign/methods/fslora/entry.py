@@ -10,6 +10,7 @@ global rank (`ranks` then only counts the devices).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
@@ -19,7 +20,7 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 
 from collabalign.artifacts import Result
 from collabalign.baselines import compare, label_probe
-from collabalign.config import LoRASection, Strict
+from collabalign.config import ConfigError, LoRASection, Strict
 from collabalign.data.formats import file_hash, json_hash, load_labelled
 from collabalign.data.glue import TextDataset
 from collabalign.data.partition import iid
@@ -27,6 +28,7 @@ from collabalign.federation.engine import EngineOptions, SimulationResult
 from collabalign.federation.job import FederatedJob
 from collabalign.federation.protocol import ClientContext
 from collabalign.federation.server_opt import ServerOptimizer
+from collabalign.federation.simulator import simulate
 from collabalign.lora.targets import default_targets
 from collabalign.methods.fslora.common import ServerAdam, head_of, server_rule
 from collabalign.methods.fslora.fedex import FedExLoRA
@@ -42,11 +44,14 @@ from collabalign.models.cached import CachedModel, TextCache, cache_texts, froze
 from collabalign.models.pooled import PooledModel
 from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
 from collabalign.seeding import Seeds
+from collabalign.selection import best, held_out_slice
 
 Method = Literal["fslora", "heterolora", "flexlora", "fedlora", "ffa-lora", "fedsa-lora", "fedex-lora"]
 View = tuple[Factors, float]  # an adapter as the method uses it: factors per layer and the LoRA scale
 Family = SubspaceLoRA | FlexLoRA | FedExLoRA | FedSALoRA
 STEPPED = ("fslora", "heterolora", "fedlora", "ffa-lora", "fedsa-lora")  # methods a server optimiser can step
+LR_GRID = (3e-4, 1e-3, 3e-3, 1e-2)  # `lr: auto`'s AdamW rates: the GLUE main form's grid
+SELECT_FRACTION = 0.2  # of the training examples, held out to choose the rate on
 
 
 class FSLoRAConfig(Strict):
@@ -55,13 +60,14 @@ class FSLoRAConfig(Strict):
 
     model: str = "minilm-l6"
     method: Method = "fslora"
-    lora: LoRASection = LoRASection(rank=8, alpha=8.0, blocks=1)  # rank: the server's global rank r
+    lora: LoRASection = LoRASection(rank=8, alpha=8.0, blocks=3)  # rank: the server's global rank r
     ranks: list[PositiveInt] = Field([2, 4, 8], min_length=1)  # one device per entry: its rank k_i <= lora.rank
     rounds: PositiveInt = 10
-    local_steps: PositiveInt = 5
+    local_steps: PositiveInt = 8
     batch_size: PositiveInt = 16
-    lr: PositiveFloat = 0.05
-    momentum: float = Field(0.0, ge=0, lt=1)  # local SGD momentum, fresh every round
+    optimizer: Literal["adamw", "sgd"] = "adamw"  # each device's, its state fresh every round
+    lr: PositiveFloat | Literal["auto"] = "auto"  # auto: chosen from LR_GRID on a slice of the training examples
+    momentum: float = Field(0.0, ge=0, lt=1)  # sgd only: momentum, fresh every round
     server_lr: PositiveFloat | None = None  # the authors' code's server Adam at this lr; None: eq. 5's mean step
     server_optimizer: ServerOptimizer | None = None  # or a federation.server_opt rule (not fedprox, scaffold)
     max_length: PositiveInt = 64
@@ -81,6 +87,8 @@ class FSLoRAConfig(Strict):
             raise ValueError("set server_lr (the authors' server Adam) or server_optimizer, not both")
         if self.server_optimizer is not None:
             server_rule(self.server_optimizer)  # fedprox and scaffold: refused with one line
+        if self.momentum and self.optimizer != "sgd":
+            raise ValueError("momentum is for optimizer: sgd (AdamW keeps its own moments)")
         return self
 
 
@@ -88,13 +96,18 @@ def train_fslora(config: FSLoRAConfig, data: str | Path | TextDataset, model: Ba
                  progress: bool = False) -> Result:
     """Trains the global LoRA classifier over `len(config.ranks)` devices (an iid split of the training examples);
     the held-out score and per-round metrics are in `result.metrics`, the adapters in `result.adapters` ("global",
-    "device-<i>"); `result.model` is the pooled model with the global adapter loaded."""
-    return fslora_job(config, data, model).run(progress)
+    "device-<i>"); `result.model` is the pooled model with the global adapter loaded. With `lr: auto` the rate is
+    chosen first (`choose_lr`; `metrics["lr_selection"]`)."""
+    return fslora_job(config, data, model, select=True).run(progress)
 
 
-def fslora_job(config: FSLoRAConfig, data: str | Path | TextDataset,
-               model: Backbone | str | None = None) -> FederatedJob:
-    """The run `train_fslora` simulates, for any engine."""
+def fslora_job(config: FSLoRAConfig, data: str | Path | TextDataset, model: Backbone | str | None = None,
+               select: bool = False) -> FederatedJob:
+    """The run `train_fslora` simulates, for any engine. `lr: auto` is chosen here only with `select` (in process,
+    before the run): a job built elsewhere (a deployment's server and nodes) needs a number."""
+    if config.lr == "auto" and not select:
+        raise ConfigError("lr: auto chooses the rate by training in process (train_fslora, collabalign train); a "
+                          "deployment needs a number, e.g. lr: 0.001")
     texts, data_hash = _labelled(data)
     backbone, name = own_backbone(model, config.model, ("max_length", config.max_length))
     seeds = Seeds(config.seed)
@@ -107,16 +120,21 @@ def fslora_job(config: FSLoRAConfig, data: str | Path | TextDataset,
     order = seeds.numpy("test-split").permutation(len(texts))
     n_test = round(config.test_fraction * len(texts))
     test_rows, train_rows = np.sort(order[:n_test]), np.sort(order[n_test:])
-    sgd = LocalSGD(config.local_steps, config.lr, config.batch_size, config.momentum)
+    sgd = LocalSGD(config.local_steps, 0.0 if config.lr == "auto" else config.lr, config.batch_size,
+                   config.momentum, optimizer=config.optimizer)
     problem = TorchLoRAProblem(CachedModel(pooled, cache), ["pooled.head.weight", "pooled.head.bias"],
                                every[torch.from_numpy(test_rows if n_test else train_rows)], sgd)
-    parts = iid(len(train_rows), len(config.ranks), seeds.numpy("devices"))
-    clients = {f"device{i}": every[torch.from_numpy(train_rows[p])] for i, p in enumerate(parts)}
+    selection = None
+    if config.lr == "auto":
+        selection = choose_lr(config, problem, every, train_rows, seeds)
+        problem.sgd = replace(sgd, lr=selection["chosen"])
+    clients = _devices(config, every, train_rows, seeds)
     method = _algorithm(config, problem, dict(zip(clients, config.ranks, strict=True)))
 
     def finish(sim: SimulationResult) -> Result:
         metrics = {"rounds": sim.metrics, "devices": len(clients), "ranks": config.ranks,
-                   "train_examples": len(train_rows), "test_examples": n_test, "bytes": sim.ledger.total()}
+                   "train_examples": len(train_rows), "test_examples": n_test, "bytes": sim.ledger.total(),
+                   "lr": problem.sgd.lr, **({"lr_selection": selection} if selection else {})}
         if n_test:
             metrics.update({k: v for k, v in sim.metrics[-1].items() if k != "round"})
         head, prefix = head_of(sim.state), base_prefix(backbone.model)
@@ -135,6 +153,35 @@ def fslora_job(config: FSLoRAConfig, data: str | Path | TextDataset,
                       max_length=config.max_length, model=pooled)
 
     return FederatedJob(config.method, method, clients, config.rounds, config.seed, config.engine, finish)
+
+
+def _devices(config: FSLoRAConfig, every: ClassificationData, rows: np.ndarray, seeds: Seeds) -> dict:
+    """The devices' data: an iid split of `rows` over `len(config.ranks)` devices."""
+    parts = iid(len(rows), len(config.ranks), seeds.numpy("devices"))
+    return {f"device{i}": every[torch.from_numpy(rows[p])] for i, p in enumerate(parts)}
+
+
+def choose_lr(config: FSLoRAConfig, problem: TorchLoRAProblem, every: ClassificationData, train_rows: np.ndarray,
+              seeds: Seeds) -> dict:
+    """`lr: auto`: the whole federated run once per rate of `LR_GRID` on the training examples less a held-out
+    `SELECT_FRACTION` (seeded), each scored on that slice by the problem's metric (accuracy; Pearson for a
+    regression), the best kept (`selection.best`: ties to the smaller rate). The test examples are never seen."""
+    fit, chosen_on = (train_rows[r.numpy()] for r in held_out_slice(np.zeros(len(train_rows)), SELECT_FRACTION,
+                                                                      seeds.numpy("fslora/select")))
+    clients = _devices(config, every, fit, seeds)
+    metric = problem.metric[0] if problem.metric else "accuracy"
+    test, sgd, scores = problem.test, problem.sgd, {}
+    problem.test = every[torch.from_numpy(chosen_on)]
+    try:
+        for lr in LR_GRID:
+            problem.sgd = replace(sgd, lr=lr)
+            method = _algorithm(config, problem, dict(zip(clients, config.ranks, strict=True)))
+            sim = simulate(method, clients, config.rounds, config.seed, eval_every=config.rounds, progress=False)
+            scores[lr] = float(sim.metrics[-1].get(metric, float("nan")))
+    finally:
+        problem.test, problem.sgd = test, sgd
+    return {"grid": list(LR_GRID), "metric": metric, "scores": {f"{lr:g}": s for lr, s in scores.items()},
+            "chosen": best(scores), "examples": len(chosen_on)}
 
 
 def probe_baseline(problem: TorchLoRAProblem, backbone: Backbone, name: str, cache: TextCache, labels: np.ndarray,

@@ -2,7 +2,7 @@
 
 import math
 
-from collabalign.experiments.selection import best
+from collabalign.selection import best
 
 
 def test_best_prefers_the_highest_score_then_the_smaller_point_and_never_a_diverged_run():
