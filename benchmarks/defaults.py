@@ -41,7 +41,7 @@ def _write(path: Path, rows: list[dict]) -> Path:
 
 
 def hh_rows(root: Path, n: int) -> list[dict]:
-    pairs = load_hh_rlhf(root / "hh-rlhf" / "harmless-base-test.jsonl.gz")
+    pairs = load_hh_rlhf(root / "hh-rlhf" / "harmless-base-test.jsonl.gz", drop_invalid=True)  # 9 rows lack a reply
     return [{"prompt": p.prompt, "chosen": p.chosen, "rejected": p.rejected} for p in pairs.pairs[:n]]
 
 

@@ -104,3 +104,14 @@ def test_the_saved_reward_folds_the_standardiser_into_its_head(tmp_path):
     saved = SavedScorer(result.save(tmp_path / "run"), backbone=tiny_llama())(prompts, replies)
     np.testing.assert_allclose(saved, ((raw - mean) / scale) @ w + b, atol=1e-4)
     assert np.ptp(saved) > 0.1
+
+
+def test_meta_training_starts_from_a_bradley_terry_reward_so_keeping_step_0_keeps_a_reward(tmp_path):
+    path = write_jsonl(tmp_path / "mine.jsonl", reviews(12))
+    kept = CONFIG.model_copy(update={"outer_steps": 2, "select_every": 2, "outer_lr": 1e-9})  # φ barely moves
+    zero = train_meta_reward(kept.model_copy(update={"start": "zero"}), path).metrics
+    bt = train_meta_reward(kept, path).metrics  # the default start
+    assert zero["selected_step"] == 0 and zero["held_out_reward_accuracy"] == 0.5  # the zero reward: every pair ties
+    assert "outer step 0: zero" in zero["note"]
+    trained = [bt["reward_accuracy"][d] for d in ("teapots", "kites")]
+    assert min(trained) > 0.9 and bt["reward_accuracy"] != zero["reward_accuracy"]  # the fit ranks its own domains

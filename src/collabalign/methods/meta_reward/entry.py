@@ -73,6 +73,7 @@ class MetaRewardConfig(Strict):
     select_every: PositiveInt = 10  # model selection on the training domains' validation pairs
     validation_fraction: float = Field(0.2, gt=0, lt=1)  # of each training domain's pairs
     test_steps: PositiveInt = 50  # Algorithm 2's steps on the held-out domain
+    start: Literal["bradley-terry", "zero"] = "bradley-terry"  # φ_0: a BT fit on the training pairs, or the paper's 0
     max_length: PositiveInt = 128  # encoder tokens per (prompt, reply)
     seed: NonNegativeInt = 0
 
@@ -141,6 +142,18 @@ def _accuracy(rewards: np.ndarray, pairs: Pairs) -> float:
     return reward_accuracy(r[pairs.chosen], r[pairs.rejected])
 
 
+def bt_start(task: TextTask, train: list[str], seeds: Seeds) -> list[torch.Tensor]:
+    """φ_0 = a Bradley-Terry reward on the task's features fitted on the training domains' training pairs (never
+    their validation pairs, which choose the outer step): meta-training then starts from the supervised reward, and
+    model selection keeping step 0 keeps that reward, not the zero one."""
+    z = task.features.numpy()
+    chosen = torch.cat([task.domains[d].train.chosen for d in train]).numpy()
+    rejected = torch.cat([task.domains[d].train.rejected for d in train]).numpy()
+    head = bt_probe(z[chosen], z[rejected], seeds.numpy("meta_reward/start"))
+    w = head.weight / head.scale
+    return [torch.as_tensor(w, dtype=torch.float64), torch.as_tensor(-float(head.mean @ w), dtype=torch.float64)]
+
+
 def other_domains_probe(features: np.ndarray, rewards: np.ndarray, train: list[Pairs], held_out: Pairs, name: str,
                         seeds: Seeds) -> dict:
     """The meta-learned reward against a Bradley-Terry probe on the same frozen features trained on every pair of the
@@ -185,7 +198,8 @@ def train_meta_reward(config: MetaRewardConfig, data: str | Path | PreferenceSet
                       config.outer_batch, config.outer_lr, config.clip, select_every=config.select_every,
                       weight_norm=config.weight_norm)
     say = (lambda k, m: print(f"meta-reward step {k}/{config.outer_steps}: {m}", flush=True)) if progress else None
-    meta_result = meta_train(task, theta, train, meta, seeds.torch("meta_reward/meta"), say)
+    start = bt_start(task, train, seeds) if config.start == "bradley-terry" else None
+    meta_result = meta_train(task, theta, train, meta, seeds.torch("meta_reward/meta"), say, start)
     w, b = meta_result.phi
     target = domains[config.held_out]
     adapted = meta_test(task, theta, linear_reward(task), meta_result.phi, target.rows, config.beta, config.lr,
@@ -208,8 +222,8 @@ def train_meta_reward(config: MetaRewardConfig, data: str | Path | PreferenceSet
                "baseline": other_domains_probe(raw, rewards, [domains[d].pairs for d in train], target.pairs, name,
                                                seeds)}
     if meta_result.step == 0:
-        metrics["note"] = ("model selection kept the initial reward (outer step 0): meta-training never raised the "
-                           "training domains' validation accuracy")
+        metrics["note"] = (f"model selection kept the initial reward (outer step 0: {config.start}): meta-training "
+                           "never raised the training domains' validation A_PL")
     adapter = pooled_adapter(reward, base_prefix(encoder.model), name)
     return Result("meta-reward", "reward", name, config.model_dump(), data_hash, metrics, {"global": adapter},
                   arrays=arrays, max_length=config.max_length, model=reward)

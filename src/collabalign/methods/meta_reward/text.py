@@ -165,14 +165,16 @@ class MetaResult:
 
 
 def meta_train(task: TextTask, theta0: Params, train_domains: Sequence[str], cfg: MetaConfig,
-               gen: torch.Generator, progress: Callable[[int, dict], None] | None = None) -> MetaResult:
+               gen: torch.Generator, progress: Callable[[int, dict], None] | None = None,
+               start: Sequence[Tensor] | None = None) -> MetaResult:
     """Algorithm 1 with model selection (spec §3.6, §9.10): each outer step draws one training domain, runs D inner
     steps from θ_0 and takes a clipped Adam step on φ along the hypergradient; every `select_every` steps φ is
-    scored by the mean validation A_PL of D-step policies on every training domain, and the best φ is kept."""
+    scored by the mean validation A_PL of D-step policies on every training domain, and the best φ is kept. φ starts
+    at `start` (default `zero_linear`: the paper's φ_0 = 0)."""
     reward = linear_reward(task)
     objective = rwr_objective(task, reward, cfg.beta, cfg.weight_decay, cfg.weight_norm)
     outer = pl_objective(task)
-    phi = [p.requires_grad_(True) for p in zero_linear(task)]
+    phi = [p.detach().clone().requires_grad_(True) for p in (zero_linear(task) if start is None else start)]
     opt = torch.optim.Adam(phi, lr=cfg.outer_lr)
     log: dict[str, list[float]] = {"loss": [], "grad_norm": [], "max_weight": [], "validation_apl": [],
                                    "validation_step": []}
