@@ -11,9 +11,11 @@ from peft import PeftModel
 
 from collabalign.lora import routed
 from collabalign.methods.pshare_lora import PShareLoRAConfig, train_pshare_lora
+from collabalign.methods.pshare_lora.entry import LR_GRID
 from collabalign.methods.pshare_lora.text import encode
 from collabalign.models.backbones import Backbone, minilm_l6, tiny_llama
 from collabalign.models.saved import SavedScorer
+from collabalign.selection import best
 from tests.entry.helpers import assert_bad_line_named, user_pairs, write_jsonl
 
 CONFIG = PShareLoRAConfig(model="tiny-llama", lora={"blocks": 1}, max_length=32, batch_size=8, lr=5e-3)
@@ -105,3 +107,13 @@ def test_real_minilm_smoke(tmp_path):
     run = result.save(tmp_path / "run")
     scores = SavedScorer(run, "user-grower-2")(TEXTS)
     np.testing.assert_allclose(scores, routed_scores(result, minilm_l6(), TEXTS, 2), atol=1e-5)
+
+
+def test_lr_auto_is_chosen_on_a_slice_of_each_users_training_pairs(tmp_path, backbone):
+    path = write_jsonl(tmp_path / "mine.jsonl", disagreeing_pairs())
+    result = train_pshare_lora(CONFIG.model_copy(update={"lr": "auto"}), path, backbone)
+    selection = result.metrics["lr_selection"]  # training pairs 14, 14, 10: 3 + 3 + 2 to choose on
+    assert selection["pairs"] == 8 and list(selection["scores"]) == [f"{lr:g}" for lr in LR_GRID]
+    assert result.metrics["lr"] == selection["chosen"] == best({float(k): v for k, v in selection["scores"].items()})
+    fixed = train_pshare_lora(CONFIG.model_copy(update={"lr": selection["chosen"]}), path, backbone)
+    assert fixed.metrics["accuracy_per_user"] == result.metrics["accuracy_per_user"]  # then the same fit

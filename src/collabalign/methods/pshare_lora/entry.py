@@ -10,6 +10,7 @@ one reward model per user back (its personal LoRA factors with the shared ones, 
 from __future__ import annotations
 
 import sys
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -33,13 +34,16 @@ from collabalign.methods.pshare_lora.text import (
     pair_hits,
     prefs_from_pairs,
 )
-from collabalign.methods.pshare_lora.train import METHODS, Prefs
+from collabalign.methods.pshare_lora.train import METHODS, Prefs, per_user_mean
 from collabalign.models.backbones import Backbone
 from collabalign.models.cached import TextCache, frozen_features
 from collabalign.models.saved import base_prefix, own_backbone, pooled_adapter
 from collabalign.seeding import Seeds
+from collabalign.selection import best, held_out_slice
 
 Method = Literal[METHODS]
+LR_GRID = (1e-3, 3e-3, 1e-2)  # `lr: auto`'s Adam rates: the low end of the text main form's grid {1e-3 .. 0.1}
+SELECT_FRACTION = 0.2  # of each user's training pairs, held out to choose the rate on
 
 
 class PShareLoRAConfig(Strict):
@@ -51,7 +55,7 @@ class PShareLoRAConfig(Strict):
     lora: LoRASection = LoRASection(rank=8, alpha=4.0, blocks=2, dropout=0.05)  # blocks: the top N get LoRA
     epochs: PositiveFloat = 3.0  # passes' worth of steps over the training pairs, the same budget for every method
     batch_size: PositiveInt = 32
-    lr: PositiveFloat = 3e-3
+    lr: PositiveFloat | Literal["auto"] = "auto"  # auto: chosen from LR_GRID on a slice of each user's training pairs
     linear_schedule: bool = True  # the rate decays linearly to 0 over the whole budget
     global_fraction: Probability = 2 / 3  # pshare_g: the global phase's share of the steps
     warmup_fraction: Probability = 0.1  # pshare_wu: the global warm-up's share
@@ -64,10 +68,10 @@ class PShareLoRAConfig(Strict):
     seed: NonNegativeInt = 0
 
     def training(self, targets: list[str]) -> TextTraining:
-        """The method package's training settings."""
+        """The method package's training settings (`lr: auto` reads as 0 here: `choose_lr` sets it)."""
         lora = self.lora
         return TextTraining(rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, batch_size=self.batch_size,
-                            epochs=self.epochs, lr=self.lr, linear=self.linear_schedule,
+                            epochs=self.epochs, lr=0.0 if self.lr == "auto" else self.lr, linear=self.linear_schedule,
                             global_fraction=self.global_fraction, warmup_fraction=self.warmup_fraction,
                             frozen_fraction=self.frozen_fraction, device=self.device, targets=tuple(targets),
                             micro_batch=self.micro_batch, checkpointing=self.gradient_checkpointing)
@@ -82,9 +86,13 @@ def train_pshare_lora(config: PShareLoRAConfig, data: str | Path | PreferenceSet
     if progress:
         print(f"pshare-lora: {config.method} on {len(names)} users, {len(train_rows)} training pairs",
               file=sys.stderr)
+    selection = None
+    if config.lr == "auto":
+        selection = choose_lr(backbone, cache, prefs, train_rows, config.method, len(names), tc, config.seed)
+        tc = replace(tc, lr=selection["chosen"])
     reward, losses, steps = fit_model(backbone, cache, prefs[train_rows], config.method, len(names), tc, config.seed)
     metrics = {"users": len(names), "train_pairs": len(train_rows), "test_pairs": len(test_rows), "steps": steps,
-               "train_loss": round(losses[-1], 6)}
+               "train_loss": round(losses[-1], 6), "lr": tc.lr, **({"lr_selection": selection} if selection else {})}
     if len(test_rows):
         hits = pair_hits(reward, prefs[test_rows])
         held_out = accuracy_by_user(hits, prefs.users[test_rows], len(names))
@@ -98,6 +106,25 @@ def train_pshare_lora(config: PShareLoRAConfig, data: str | Path | PreferenceSet
                 for i, name in enumerate(names)}
     return Result("pshare-lora", "reward", base, config.model_dump(), data_hash, metrics, adapters,
                   max_length=config.max_length, model=reward)
+
+
+def choose_lr(backbone: Backbone, cache: TextCache, prefs: Prefs, train_rows: torch.Tensor, method: str,
+              n_users: int, tc: TextTraining, seed: int) -> dict[str, Any]:
+    """`lr: auto`: `method` fitted once per rate of `LR_GRID` on the training pairs less a held-out `SELECT_FRACTION`
+    of each user's (seeded), each scored by the mean over users of their accuracy on that slice; the best kept
+    (`selection.best`: ties to the smaller rate). The test pairs are never seen."""
+    fit, chosen_on = held_out_slice(prefs.users[train_rows].numpy(), SELECT_FRACTION,
+                                    Seeds(seed).numpy("pshare-lora/select"))
+    fit_rows, select_rows = train_rows[fit], train_rows[chosen_on]
+    users = prefs.users[select_rows]
+    present = torch.unique(users)
+    scores = {}
+    for lr in LR_GRID:
+        reward, _, _ = fit_model(backbone, cache, prefs[fit_rows], method, n_users, replace(tc, lr=lr), seed)
+        per_user = per_user_mean(users, pair_hits(reward, prefs[select_rows]), n_users)[present]
+        scores[lr] = float(per_user.mean())
+    return {"grid": list(LR_GRID), "scores": {f"{lr:g}": round(s, 6) for lr, s in scores.items()},
+            "chosen": best(scores), "pairs": len(select_rows)}
 
 
 def user_probe_baseline(hits: torch.Tensor, backbone: Backbone, base: str, cache: TextCache, prefs: Prefs,
