@@ -101,3 +101,15 @@ def test_frozen_features_switch_trained_lora_off_and_leave_it_as_it_was():
     with torch.no_grad():
         expected = reference(tokenize(backbone.tokenizer, texts, 16))
     torch.testing.assert_close(bare, expected, rtol=1e-5, atol=1e-5)  # the backbone's own pooled state
+
+
+def test_a_deployments_report_states_the_baseline(tmp_path):
+    from collabalign import jobs
+    from collabalign.artifacts import Result
+    from collabalign.deployment import write_report
+
+    record = compare("accuracy", np.r_[np.ones(25), np.zeros(5)], np.r_[np.zeros(15), np.ones(15)], "a probe")
+    Result("fedavg-lora", "reward", "tiny-llama", {}, "0" * 64, {"accuracy": 0.8, "baseline": record}).save(tmp_path)
+    (tmp_path / "metrics.jsonl").write_text('{"round": 0, "accuracy": 0.5}\n{"round": 1, "accuracy": 0.8}\n')
+    report = write_report(tmp_path, jobs.read_spec(jobs.DEFAULT_CONFIG), 3, 10.0).read_text()
+    assert f"Against its baseline: {sentence('fedavg-lora', record)}." in report

@@ -149,6 +149,10 @@ def write_report(out: Path, spec: jobs.JobSpec, nodes: int, seconds: float) -> P
              f"Saved: {', '.join(manifest['adapters']) or ', '.join(manifest['arrays'])} (manifest.json; "
              "`collabalign score` and `collabalign generate` read this folder). The per-round metrics are in "
              "metrics.jsonl; the processes' logs in deployment/."]
+    if "baseline" in manifest["metrics"]:
+        from collabalign.baselines import sentence
+
+        lines += ["", f"Against its baseline: {sentence(spec.method, manifest['metrics']['baseline'])}."]
     path = out / "report.md"
     atomic_write_text(path, "\n".join(lines) + "\n")
     return path
