@@ -22,6 +22,6 @@ def test_demo_trains_saves_and_reports_each_method(tmp_path, monkeypatch):
     assert text.count("held-out items: difference") == len(list(tmp_path.glob("*/manifest.json")))  # a sentence each
     manifests = {p.parent.name: json.loads(p.read_text()) for p in tmp_path.glob("*/manifest.json")}
     assert set(manifests) == {"pshare-pshare_si", "pshare-global", "meta_reward", "firm", "fslora", "affpcl-affpcl",
-                              "affpcl-il"}
+                              "affpcl-il", "affpcl-fedavg"}
     assert (tmp_path / "firm" / "adapters" / "policy" / "adapter_config.json").exists()
     assert (tmp_path / "pshare-pshare_si" / "adapters" / "user-cai" / "head.safetensors").exists()

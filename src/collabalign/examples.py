@@ -7,7 +7,7 @@
 - texts.jsonl: prompt and response rows to score (`collabalign score`);
 - labelled.jsonl: short product remarks, label 1 (pleased) or 0 (displeased);
 - agents.npz: AffPCL's per-agent least-squares data, X_<agent> (n, d) and y_<agent> (n,): agents whose true weights
-  share a common part, on their own rows and public rows they all have.
+  share a common part, each with a few noisy rows of its own and public rows they all have (sharing pays).
 """
 
 from __future__ import annotations
@@ -76,19 +76,19 @@ def labelled_rows() -> list[dict]:
             for phrase in (phrases[i % len(phrases)], phrases[(i + 3) % len(phrases)])]
 
 
-def agent_arrays(agents: int = 4, dim: int = 5, rows: int = 40, seed: int = 0) -> dict[str, np.ndarray]:
-    """Each agent's X: `rows` rows of its own with y = X (w_common + 0.3 w_own) + 0.1 noise, and the same `rows`
-    public rows every agent has, with y = X w_common + 0.1 noise (identical (x, y) rows: AffPCL's exact density
-    ratios relate the agents through them)."""
+def agent_arrays(agents: int = 4, dim: int = 5, rows: int = 12, seed: int = 0) -> dict[str, np.ndarray]:
+    """Related agents with few noisy rows each, where sharing pays: each agent's `rows` rows of its own with
+    y = X (w_common + 0.2 w_own) + 0.5 noise, and the same `rows` public rows every agent has, with y = X w_common +
+    0.5 noise (identical (x, y) rows: AffPCL's exact density ratios relate the agents through them)."""
     rng = np.random.default_rng(seed)
     common, public = rng.standard_normal(dim), rng.standard_normal((rows, dim))
-    public_y = public @ common + 0.1 * rng.standard_normal(rows)
+    public_y = public @ common + 0.5 * rng.standard_normal(rows)
     out = {}
     for a in range(agents):
         own = rng.standard_normal((rows, dim))
-        w = common + 0.3 * rng.standard_normal(dim)
+        w = common + 0.2 * rng.standard_normal(dim)
         out[f"X_agent{a}"] = np.concatenate([own, public])
-        out[f"y_agent{a}"] = np.concatenate([own @ w + 0.1 * rng.standard_normal(rows), public_y])
+        out[f"y_agent{a}"] = np.concatenate([own @ w + 0.5 * rng.standard_normal(rows), public_y])
     return out
 
 
