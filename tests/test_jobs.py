@@ -42,7 +42,7 @@ def test_a_bad_deployment_config_is_one_clear_error(tmp_path, text, problem):
 
 def test_relative_data_is_read_from_the_config_folder(tmp_path):
     (tmp_path / "mine.jsonl").write_text(jobs.example_file("labelled").read_text())
-    (tmp_path / "job.yaml").write_text("train: fslora\ndata: mine.jsonl\n")
+    (tmp_path / "job.yaml").write_text("train: fslora\ndata: mine.jsonl\nlr: 0.001\n")
     assert jobs.read_spec(tmp_path / "job.yaml").data == (tmp_path / "mine.jsonl").resolve()
 
 

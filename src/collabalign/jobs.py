@@ -56,12 +56,12 @@ def read_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
                           f"{EXAMPLE!r}")
     module_name, config_class, _, example = FEDERATED[method]
     config = validate(getattr(importlib.import_module(module_name), config_class), values, str(path))
-    if getattr(config, "lr", None) == "auto":
-        raise ConfigError(f"{path}: lr = auto: chosen by training in process (collabalign train); a deployment's "
-                          "server and nodes need a number, e.g. lr: 0.001")
     file = example_file(example) if data == EXAMPLE else (path.parent / data).resolve()
     if not file.is_file():
         raise ConfigError(f"{path}: data = {short(data)}: no such file ({file})")
+    if getattr(config, "lr", None) == "auto":
+        raise ConfigError(f"{path}: lr = auto: chosen by training in process (collabalign train); a deployment's "
+                          "server and nodes need a number, e.g. lr: 0.001")
     return JobSpec(method, config, file)
 
 
