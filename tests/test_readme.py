@@ -16,7 +16,8 @@ from collabalign.experiments import EXPERIMENTS
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 REAL = ("minilm-l6", "smollm2-135m")
-SHORTER = {"clients=3, rounds=2)": "clients=3, rounds=2, local_steps=2)"}  # federated DPO: 12 steps, not 60
+SHORTER = {"clients=3, rounds=2)": "clients=3, rounds=2, local_steps=2)",  # federated DPO: 12 steps, not 60
+           "epochs=6)": "epochs=6, lr=3e-3)", "rounds=8)": "rounds=8, lr=1e-3)"}  # lr given: no lr: auto fits
 
 
 def blocks(kind: str) -> list[str]:
