@@ -10,13 +10,13 @@ on the training pairs only.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 from sklearn.linear_model import LogisticRegression, Ridge
 
-from collabalign.claims import VERDICTS, superiority
+from collabalign.claims import comparison, superiority
 from collabalign.models.text_reward import LinearHead, fit_bradley_terry, standardiser
 
 BEATS = superiority("beats_baseline", "the trained model scores above its baseline on the same held-out items")
@@ -43,7 +43,7 @@ def compare(metric: str, ours: Sequence[float] | np.ndarray, baseline: Sequence[
     return {"metric": metric, "baseline": name, "ours": _r(np.mean(weight * a)),
             "baseline_value": _r(np.mean(weight * b)), "difference": record["estimate"],
             "interval": record["interval"], "items": int(a.size),
-            "verdict": dict(zip(VERDICTS, ("beats", "loses to", "ties with"), strict=True))[record["verdict"]]}
+            "verdict": comparison(record)}
 
 
 def sentence(method: str, record: dict[str, Any]) -> str:
@@ -60,18 +60,11 @@ def sentence(method: str, record: dict[str, Any]) -> str:
 
 
 def bt_probe(chosen: np.ndarray, rejected: np.ndarray, rng: np.random.Generator) -> LinearHead:
-    """A Bradley-Terry probe on the training pairs' features, its C from `PROBE_C` by `PROBE_FOLDS`-fold
-    cross-validation on those pairs (ties to the stronger regularisation); fewer than 2 pairs a fold: C = 0.1."""
-    n = len(chosen)
-    folds = min(PROBE_FOLDS, n // 2)
-    best = 0.1
-    if folds >= 2:
-        fold = rng.permutation(n) % folds
-        score = {c: np.mean([probe_hits(fit_bradley_terry(chosen[fold != k], rejected[fold != k], c),
-                                      chosen[fold == k], rejected[fold == k]).mean() for k in range(folds)])
-                 for c in PROBE_C}
-        best = max(PROBE_C, key=lambda c: (score[c], -c))
-    return fit_bradley_terry(chosen, rejected, best)
+    """A Bradley-Terry probe on the training pairs' features, its C chosen on those pairs (`_strength`)."""
+    def score(fit: np.ndarray, held: np.ndarray, c: float) -> float:
+        return probe_hits(fit_bradley_terry(chosen[fit], rejected[fit], c), chosen[held], rejected[held]).mean()
+
+    return fit_bradley_terry(chosen, rejected, _strength(len(chosen), rng, score))
 
 
 def probe_pairs(features: np.ndarray, chosen: np.ndarray, rejected: np.ndarray, train: np.ndarray, test: np.ndarray,
@@ -104,14 +97,28 @@ def label_probe(features: np.ndarray, labels: np.ndarray, train: np.ndarray, tes
         predicted = model.predict(x[rows])
         return (predicted - y[rows]) ** 2 if regression else (predicted == y[rows]).astype(float)
 
-    folds = min(PROBE_FOLDS, len(train) // 2)
-    best = 0.1
-    if folds >= 2:
-        fold = rng.permutation(len(train)) % folds
-        usable = [k for k in range(folds) if regression or len(np.unique(y[train[fold != k]])) > 1]
-        cv = {c: np.mean([scores(fit(train[fold != k], c), train[fold == k]).mean() for k in usable]) for c in PROBE_C}
-        best = (min if regression else max)(PROBE_C, key=lambda c: (cv[c], c if regression else -c)) if usable else 0.1
-    return scores(fit(train, best), test)
+    def score(fitted: np.ndarray, held: np.ndarray, c: float) -> float | None:
+        if not regression and len(np.unique(y[train[fitted]])) < 2:
+            return None  # a fold whose training part holds one class cannot be fitted
+        return scores(fit(train[fitted], c), train[held]).mean()
+
+    return scores(fit(train, _strength(len(train), rng, score, lower=regression)), test)
+
+
+def _strength(n: int, rng: np.random.Generator, score: Callable[[np.ndarray, np.ndarray, float], float | None],
+              lower: bool = False) -> float:
+    """A probe's C from `PROBE_C` by `PROBE_FOLDS`-fold cross-validation over n training rows: `score(fit, held, c)`
+    (boolean masks) is a fold's mean score, None for a fold that cannot be fitted; ties go to the stronger
+    regularisation; 0.1 when fewer than 2 rows a fold or no usable fold."""
+    folds = min(PROBE_FOLDS, n // 2)
+    if folds < 2:
+        return 0.1
+    fold = rng.permutation(n) % folds
+    cv = {c: [s for k in range(folds) if (s := score(fold != k, fold == k, c)) is not None] for c in PROBE_C}
+    if not cv[PROBE_C[0]]:
+        return 0.1
+    sign = 1.0 if lower else -1.0
+    return min(PROBE_C, key=lambda c: (sign * float(np.mean(cv[c])), c))
 
 
 def probe_hits(head: LinearHead, chosen: np.ndarray, rejected: np.ndarray) -> np.ndarray:

@@ -254,6 +254,11 @@ def not_run(claim: Claim, reason: str) -> dict[str, Any]:
     return claim._record("inconclusive", Interval(math.nan, math.nan, math.nan, 0, "none"), {"not_run": reason})
 
 
+def comparison(record: Mapping[str, Any]) -> str:
+    """A decided superiority record read as a comparison of A with B: "beats", "loses to" or "ties with"."""
+    return {"reproduced": "beats", "not reproduced": "loses to", "inconclusive": "ties with"}[record["verdict"]]
+
+
 def confirmed(record: Mapping[str, Any]) -> bool:
     """Whether a decided claim's record says the claim holds (what later parts may condition a label on)."""
     return record["verdict"] == "reproduced"
