@@ -3,6 +3,8 @@ or any Hugging Face name or local path, all returned the same way as a `Backbone
 
 from __future__ import annotations
 
+import copy
+import functools
 import hashlib
 import importlib.util
 import json
@@ -46,6 +48,13 @@ def package_dir(package: str) -> Path:
 
 
 def sha256(path: Path) -> str:
+    """The file's sha256, computed once per process for each (path, size, modification time)."""
+    stat = path.stat()
+    return _sha256(str(path), stat.st_size, stat.st_mtime_ns)
+
+
+@functools.cache
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 22), b""):
@@ -76,16 +85,24 @@ def _smollm2_cache() -> tuple[Path, Path]:
 
 
 def smollm2_tokenizer():
-    """SmolLM2's tokenizer, read from the GGUF file once (about 10 s) and cached as tokenizer.json."""
-    from transformers import AutoTokenizer
-
+    """SmolLM2's tokenizer, read from the GGUF file once (about 10 s) and cached as tokenizer.json; a fresh copy each
+    call (callers set its padding and truncation sides), read from disk once per process."""
     gguf, root = _smollm2_cache()
 
     def write(tmp: Path) -> None:
+        from transformers import AutoTokenizer
+
         print(f"collabalign: extracting the SmolLM2 tokenizer from {gguf.name} into {root}", file=sys.stderr)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
 
-    return AutoTokenizer.from_pretrained(write_once(root / "tokenizer", write))
+    return copy.deepcopy(_read_tokenizer(str(write_once(root / "tokenizer", write))))
+
+
+@functools.cache
+def _read_tokenizer(folder: str):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(folder)
 
 
 def smollm2_135m(dtype: torch.dtype = torch.float32) -> Backbone:
