@@ -81,7 +81,7 @@ def set_path(data: dict[str, Any], path: tuple[str, ...], value: Any) -> None:
 
 
 @pytest.mark.parametrize("name", NAMES)
-@fuzz(300)
+@fuzz(200)
 @given(data=st.data())
 def test_random_config_values_raise_only_config_error(name, data):
     config = copy.deepcopy(data.draw(st.sampled_from(BASES[name])))
@@ -108,7 +108,7 @@ OVERRIDES = st.one_of(
 EXPERIMENT_CONFIGS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if p.parent.name != "deploy")  # not deploy/
 
 
-@fuzz(500)
+@fuzz(300)
 @given(path=st.sampled_from(EXPERIMENT_CONFIGS), overrides=st.lists(OVERRIDES, max_size=3))
 def test_random_overrides_raise_only_config_error(path, overrides):
     try:
@@ -205,7 +205,7 @@ def test_random_bytes_raise_only_data_error(folder, loader, content, gz):
     load(folder, loader, content, gz)
 
 
-@fuzz(600)
+@fuzz(400)
 @given(data=st.data(), loader=st.sampled_from(sorted(ROWS) + sorted(WHOLE)))
 def test_mutated_json_rows_raise_only_data_error(folder, data, loader):
     if loader in WHOLE:
@@ -281,7 +281,7 @@ HEADER_VALUES = st.one_of(JSON, st.sampled_from(["BF16", "F8_E4M3", "F4", "F32",
                           st.lists(st.integers(-2, 2**40), max_size=3))
 
 
-@fuzz(650)
+@fuzz(400)
 @given(arrays=ARRAYS, meta=META, data=st.data())
 def test_mutated_messages_raise_only_message_error_and_valid_ones_round_trip(arrays, meta, data):
     msg = message(arrays, meta)

@@ -1,4 +1,4 @@
-"""Property-based fuzz of the CLI's argument and config handling, in process (2,500 cases): random configs,
+"""Property-based fuzz of the CLI's argument and config handling, in process (800 cases): random configs,
 overrides, `--out` targets and run-folder files give exit code 0 or 2, never a traceback; exit code 2 comes with one
 short stderr line and leaves every existing folder as it was. The experiment itself is stubbed out."""
 
@@ -102,7 +102,7 @@ def check(args: list[str], capsys: pytest.CaptureFixture[str], untouched: list[P
     return rc
 
 
-@cases(500)
+@cases(300)
 @given(overrides=st.lists(override(), max_size=4), out=st.sampled_from(["a-file", "a-file/below", "foreign", "new"]),
        force=st.booleans())
 def test_random_overrides_and_out_folders_give_exit_0_or_one_line(place, capsys, overrides, out, force):
@@ -113,7 +113,7 @@ def test_random_overrides_and_out_folders_give_exit_0_or_one_line(place, capsys,
     assert rc == 2 or out in ("foreign", "new")
 
 
-@cases(450)
+@cases(300)
 @given(text=config_text())
 def test_random_config_files_give_exit_0_or_one_line(place, capsys, text):
     path = place / "config.yaml"
@@ -121,7 +121,7 @@ def test_random_config_files_give_exit_0_or_one_line(place, capsys, text):
     check(["run", str(path), "--out", str(place / "foreign")], capsys, [place / "foreign"])
 
 
-@cases(300)
+@cases(200)
 @given(name=st.sampled_from(["config.yaml", "status.json"]), command=st.sampled_from(["resume", "report"]),
        data=st.data())
 def test_random_run_files_give_exit_0_or_one_line_and_keep_the_status(place, capsys, name, data, command):

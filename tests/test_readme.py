@@ -1,5 +1,5 @@
 """Every code block of the README runs: the Python snippets and the first shell block as written, on the example
-data, with the real models swapped for the tiny random Llama and the longest training cut short (`SHORTER`; the real
+data, with the real models swapped for the tiny random Llama and every training cut short (`SHORTER`; the real
 models run in each entry point's `real` smoke and in `collabalign demo`); the reproduction block's commands are
 checked to name shipped experiments and configs (running them is the experiments' own tests' job). The `make` lines
 are what CI itself runs."""
@@ -16,8 +16,14 @@ from collabalign.experiments import EXPERIMENTS
 
 README = (Path(__file__).parents[1] / "README.md").read_text()
 REAL = ("minilm-l6", "smollm2-135m")
-SHORTER = {"clients=3, rounds=2)": "clients=3, rounds=2, local_steps=2)",  # federated DPO: 12 steps, not 60
-           "epochs=6)": "epochs=6, lr=3e-3)", "rounds=8)": "rounds=8, lr=1e-3)"}  # lr given: no lr: auto fits
+# Each snippet's training cut to a round, an epoch or a few steps (the entry points' own tests train for real), with a
+# given lr for P-ShareLoRA and FSLoRA: no lr: auto fits (lr: auto is the entry points' own tests' too)
+SHORTER = {"clients=3, rounds=2)": "clients=3, rounds=1, local_steps=1, max_response_tokens=16)",  # federated DPO
+           "epochs=6)": "epochs=1, lr=3e-3)", "rounds=8)": "rounds=2, lr=1e-3)",  # P-ShareLoRA, FSLoRA
+           "rounds=2, clients=2": "rounds=1, clients=2",  # FIRM
+           "outer_steps=10)": "outer_steps=2, sft_steps=2, test_steps=2)",  # the meta-learned reward
+           "steps=2000)": "steps=200)", "rounds=3)": "rounds=1)"}  # AffPCL, FedAvg-LoRA
+CLI_SHORTER = {"epochs=6": "epochs=1"}  # whole arguments of the CLI block (its P-ShareLoRA line keeps lr: auto)
 
 
 def blocks(kind: str) -> list[str]:
@@ -29,7 +35,7 @@ def tiny(text: str) -> str:
         text = text.replace(f'"{name}"', '"tiny-llama"').replace(f"model={name}", "model=tiny-llama")
     for long, short in SHORTER.items():
         text = text.replace(long, short)
-    return text
+    return CLI_SHORTER.get(text, text)
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ TINY = {
     "affpcl": ["steps=50"],
     "pshare-lora-federated": ["model=tiny-llama", "rounds=1", "lora.blocks=1", "max_length=32"],
     "affpcl-federated": ["steps=20"],
-    "fed-tune": ["model=tiny-llama", "objective=dpo", "rounds=1", "local_steps=2"],
+    "fed-tune": ["model=tiny-llama", "objective=dpo", "rounds=1", "local_steps=2", "max_response_tokens=8"],
 }
 DATA = {"fedavg-lora": "pairs", "pshare-lora": "pairs", "meta-reward": "pairs", "firm": "prompts",
         "fslora": "labelled", "affpcl": "agents", "pshare-lora-federated": "pairs", "affpcl-federated": "agents",

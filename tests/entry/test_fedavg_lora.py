@@ -13,9 +13,14 @@ from tests.entry.helpers import assert_bad_line_named, pooled_scores, user_pairs
 CONFIG = FedAvgLoRAConfig(model="tiny-llama", rounds=3, max_length=32, lr=5e-3)
 
 
-def test_trains_on_a_users_file_and_saves_a_peft_reward_model(tmp_path):
-    path = write_jsonl(tmp_path / "mine.jsonl", user_pairs(48))
-    result = train_fedavg_lora(CONFIG, path)
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """CONFIG's run on a user's 48 pairs, trained once for the tests that read it."""
+    return train_fedavg_lora(CONFIG, write_jsonl(tmp_path_factory.mktemp("fedavg") / "mine.jsonl", user_pairs(48)))
+
+
+def test_trains_on_a_users_file_and_saves_a_peft_reward_model(tmp_path, trained):
+    result = trained
     assert result.metrics["clients"] == 3 and result.metrics["test_pairs"] == 10
     assert result.metrics["accuracy"] > 0.5  # the fruit task is learned above chance in 3 rounds
     baseline = result.metrics["baseline"]  # the same 10 held-out pairs, the probe fitted on the training pairs
@@ -38,9 +43,8 @@ def test_malformed_line(tmp_path):
     assert_bad_line_named(lambda p: train_fedavg_lora(CONFIG, p), tmp_path, user_pairs(6), "chosen", 7)
 
 
-def test_score_cli_prints_the_saved_models_scores(tmp_path, capsys):
-    result = train_fedavg_lora(CONFIG.model_copy(update={"rounds": 1}), write_jsonl(tmp_path / "m.jsonl",
-                                                                                    user_pairs(12)))
+def test_score_cli_prints_the_saved_models_scores(tmp_path, capsys, trained):
+    result = trained
     run = result.save(tmp_path / "run")
     texts = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "About quince?", "response": "Sweet."}, {"text": "hm"}])
     assert main(["score", str(run), "--file", str(texts)]) == 0

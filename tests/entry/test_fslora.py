@@ -1,4 +1,6 @@
+import copy
 import json
+from functools import cache
 
 import numpy as np
 import pytest
@@ -12,7 +14,7 @@ from collabalign.jobs import read_spec
 from collabalign.lora.inject import lora_layers, routed
 from collabalign.methods.fslora import FSLoRAConfig, sketch_indices, train_fslora
 from collabalign.methods.fslora.entry import LR_GRID, fslora_job
-from collabalign.models.backbones import tiny_llama
+from collabalign.models.backbones import Backbone, tiny_llama
 from collabalign.models.saved import SavedScorer
 from collabalign.seeding import Seeds
 from collabalign.selection import best
@@ -35,8 +37,26 @@ def sentences(n: int = 48, regression: bool = False) -> list[dict]:
     return rows
 
 
-def test_global_and_device_adapters_reload_as_trained(tmp_path):
-    result = train_fslora(CONFIG, write_jsonl(tmp_path / "mine.jsonl", sentences()))
+@cache
+def bare() -> Backbone:
+    return tiny_llama()
+
+
+def fresh() -> Backbone:
+    """A copy of one bare tiny Llama, as `tiny_llama()` gives (a saved adapter is injected into the model it loads
+    on), without reading the tokenizer again."""
+    return Backbone(copy.deepcopy(bare().model), bare().tokenizer, bare().causal)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """CONFIG's run on `sentences()`, trained once for the tests that read it."""
+    path = write_jsonl(tmp_path_factory.mktemp("fslora") / "mine.jsonl", sentences())
+    return path, train_fslora(CONFIG, path)
+
+
+def test_global_and_device_adapters_reload_as_trained(tmp_path, trained):
+    result = trained[1]
     assert result.metrics["devices"] == 2 and result.metrics["test_examples"] == 10
     assert result.metrics["rounds"][-1]["loss"] < result.metrics["rounds"][0]["loss"]  # it trains
     baseline = result.metrics["baseline"]  # the global classifier and a logistic probe on the same 10 examples
@@ -45,7 +65,7 @@ def test_global_and_device_adapters_reload_as_trained(tmp_path):
     manifest = json.loads((run / "manifest.json").read_text())
     assert (manifest["method"], manifest["kind"], manifest["base_model"]) == ("fslora", "classifier", "tiny-llama")
     assert manifest["adapters"] == ["device-0", "device-1", "global"] and len(manifest["data_hash"]) == 64
-    backbone = tiny_llama()
+    backbone = fresh()
     scores = pooled_scores(result.model, backbone.tokenizer, PROBES, 32)
     assert scores.shape == (3, 2)
     np.testing.assert_allclose(SavedScorer(run, "global", backbone)(PROBES), scores, atol=1e-5)
@@ -57,7 +77,7 @@ def test_global_and_device_adapters_reload_as_trained(tmp_path):
         with routed(result.model, rank_idx=idx):
             device = pooled_scores(result.model, backbone.tokenizer, PROBES, 32)
         assert not np.allclose(device, scores, atol=1e-4)  # the sketch is not the global model
-        np.testing.assert_allclose(SavedScorer(run, f"device-{i}", tiny_llama())(PROBES), device, atol=1e-5)
+        np.testing.assert_allclose(SavedScorer(run, f"device-{i}", fresh())(PROBES), device, atol=1e-5)
 
 
 def test_regression_file_gives_one_output(tmp_path):
@@ -70,11 +90,11 @@ def test_regression_file_gives_one_output(tmp_path):
         for key, tensor in adapter.tensors.items():
             assert torch.equal(tensor, again.adapters[name].tensors[key])
     run = result.save(tmp_path / "run")
-    backbone = tiny_llama()
+    backbone = fresh()
     expected = pooled_scores(result.model, backbone.tokenizer, PROBES, 32)
     assert expected.shape == (3, 1)
     np.testing.assert_allclose(SavedScorer(run, backbone=backbone)(PROBES), expected[:, 0], atol=1e-5)
-    assert SavedScorer(run, "device-0", tiny_llama())(PROBES).shape == (3,)
+    assert SavedScorer(run, "device-0", fresh())(PROBES).shape == (3,)
 
 
 def test_malformed_label_line(tmp_path):
@@ -106,10 +126,10 @@ def test_lora_variants_train_and_their_adapters_reload(tmp_path, method):
     run = result.save(tmp_path / "run")
     names = json.loads((run / "manifest.json").read_text())["adapters"]
     assert names == ["device-0", "device-1"] + ([] if method == "fedsa-lora" else ["global"])
-    backbone = tiny_llama()
+    backbone = fresh()
     scores = pooled_scores(result.model, backbone.tokenizer, PROBES, 32)  # the global model, or the last device's
     np.testing.assert_allclose(SavedScorer(run, names[-1], backbone)(PROBES), scores, atol=1e-4)
-    devices = [SavedScorer(run, f"device-{i}", tiny_llama())(PROBES) for i in range(2)]
+    devices = [SavedScorer(run, f"device-{i}", fresh())(PROBES) for i in range(2)]
     assert np.allclose(devices[0], devices[1]) == (method != "fedsa-lora")  # FedSA-LoRA's B is each device's own
 
 
@@ -123,9 +143,8 @@ def test_server_optimizer_is_refused_where_the_method_cannot_take_it():
     FSLoRAConfig(method="fedex-lora", server_optimizer={"rule": "fedavg"})  # the plain average is every method's
 
 
-def test_server_optimizer_steps_fslora(tmp_path):
-    path = write_jsonl(tmp_path / "mine.jsonl", sentences())
-    plain = train_fslora(CONFIG, path)
+def test_server_optimizer_steps_fslora(trained):
+    path, plain = trained
     config = FSLoRAConfig(**CONFIG.model_dump() | {"server_optimizer": {"rule": "fedadam", "lr": 0.01}})
     adam = train_fslora(config, path)
     assert adam.metrics["rounds"][-1]["loss"] != plain.metrics["rounds"][-1]["loss"]

@@ -12,6 +12,7 @@ from collabalign.experiments.affpcl import checks, communication, digits, fig1, 
 from collabalign.methods.affpcl import AffPCL, GaussianSystems, LocalAffPCL, LocalFedAvg
 from collabalign.seeding import Seeds
 
+from .plots import unrendered
 from .toy import run_twice
 
 PARTS = (fig1, communication, theory, checks, fig6, sweeps, digits, rl, reward)
@@ -40,7 +41,11 @@ def quick(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
-    return run_twice(tmp_path_factory, "affpcl", TOY)
+    """The toy runs' tests read their records and summaries only; the quick run above renders and checks every plot,
+    so these two build the figures but neither lay them out nor render them (most of a toy run's time)."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        unrendered(monkeypatch)
+        return run_twice(tmp_path_factory, "affpcl", TOY)
 
 
 def declared() -> list[claims.Claim]:

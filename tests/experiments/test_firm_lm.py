@@ -15,6 +15,8 @@ from collabalign.experiments.firm import lm
 from collabalign.experiments.firm.lm_setup import LMRunner, jsonl_prompts
 from collabalign.models.backbones import smollm2_tokenizer, tiny_llama
 
+from .plots import unrendered
+
 needs_data = pytest.mark.skipif(shared_data_dir() is None, reason="../shared/data not found")
 
 
@@ -35,14 +37,21 @@ def stand_ins(root):
         tok.save_pretrained(root / name)
 
 
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """The stand-ins, saved once for the file's runs (which only read them)."""
+    root = tmp_path_factory.mktemp("stand-ins")
+    stand_ins(root)
+    return root
+
+
 @pytest.mark.real
 @needs_data
-def test_gpu_config_runs_end_to_end_on_tiny_stand_ins_and_resumes_from_its_cached_runs(tmp_path, monkeypatch):
-    stand_ins(tmp_path)
+def test_gpu_config_runs_end_to_end_on_tiny_stand_ins_and_resumes_from_its_cached_runs(models, tmp_path, monkeypatch):
     out = tmp_path / "run"
-    overrides = [f"lm.model={tmp_path / 'policy'}", "lm.device=cpu", "hf_rewards.device=cpu",
-                 f"hf_rewards.helpful={tmp_path / 'helpful'}", f"hf_rewards.harmless={tmp_path / 'harmless'}",
-                 f"hf_rewards.helpful_alt={tmp_path / 'helpful'}", "lm.seeds=3", "lm.clients=2", "lm.rounds=1",
+    overrides = [f"lm.model={models / 'policy'}", "lm.device=cpu", "hf_rewards.device=cpu",
+                 f"hf_rewards.helpful={models / 'helpful'}", f"hf_rewards.harmless={models / 'harmless'}",
+                 f"hf_rewards.helpful_alt={models / 'helpful'}", "lm.seeds=3", "lm.clients=2", "lm.rounds=1",
                  "lm.batches=1", "lm.batch_size=2", "lm.ppo.minibatch=2", "lm.max_new_tokens=3", "lm.eval_prompts=2",
                  "lm.prompts_per_source=8", "lm.beta_sweep=[0.0,0.05]", "lm.preferences=[0.1,1.0,10.0]"]
     args = ["run", str(CONFIG_DIR / "firm" / "gpu_tinyllama.yaml"), *overrides, "--out", str(out), "--no-progress"]
@@ -64,6 +73,8 @@ def test_gpu_config_runs_end_to_end_on_tiny_stand_ins_and_resumes_from_its_cache
     # a second run into the same folder reads every (arm, seed) run back instead of training again
     first = (out / "metrics.jsonl").read_bytes()
     monkeypatch.setattr(LMRunner, "run", lambda *a, **k: pytest.fail("a cached run was trained again"))
+    # the reruns are compared on their records (the plots were checked above): figures built, not rendered
+    unrendered(monkeypatch)
     assert main(args) == 0
     assert (out / "metrics.jsonl").read_bytes() == first
     # a setting that changes the numbers: the folder is refused, and with --force the cache is invalidated
@@ -87,15 +98,14 @@ def test_bad_beta_or_preference_is_one_line_and_exit_2(override, key, capsys):
     assert key in err and err.startswith("error:")
 
 
-def test_a_prompts_jsonl_replaces_the_shared_prompts(tmp_path, monkeypatch):
-    stand_ins(tmp_path)
+def test_a_prompts_jsonl_replaces_the_shared_prompts(models, tmp_path, monkeypatch):
     monkeypatch.setenv("COLLABALIGN_DATA", str(tmp_path))  # no HH-RLHF or PKU-SafeRLHF here
     prompts = [f"How do I look after plant number {i}?" for i in range(10)] + ["word " * 400]  # the last too long
     (tmp_path / "prompts.jsonl").write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
     out = tmp_path / "run"
-    overrides = [f"lm.model={tmp_path / 'policy'}", "lm.device=cpu", "hf_rewards.device=cpu",
-                 f"hf_rewards.helpful={tmp_path / 'helpful'}", f"hf_rewards.harmless={tmp_path / 'harmless'}",
-                 f"hf_rewards.helpful_alt={tmp_path / 'helpful'}", "lm.seeds=1", "lm.clients=2", "lm.rounds=1",
+    overrides = [f"lm.model={models / 'policy'}", "lm.device=cpu", "hf_rewards.device=cpu",
+                 f"hf_rewards.helpful={models / 'helpful'}", f"hf_rewards.harmless={models / 'harmless'}",
+                 f"hf_rewards.helpful_alt={models / 'helpful'}", "lm.seeds=1", "lm.clients=2", "lm.rounds=1",
                  "lm.batches=1", "lm.batch_size=2", "lm.ppo.minibatch=2", "lm.max_new_tokens=3", "lm.eval_prompts=2",
                  "lm.only=[firm]", f"lm.data={{source: jsonl, path: {tmp_path / 'prompts.jsonl'}}}",
                  "engine.batched=false", "lm.step=rloo", "lm.replies_per_prompt=2", "lm.eval_samples=2",

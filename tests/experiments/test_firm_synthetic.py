@@ -16,6 +16,8 @@ from collabalign.report import write_report
 from collabalign.runs import RunDir
 from collabalign.seeding import Seeds
 
+from .plots import unrendered
+
 PARTS = (solver_checks, quadratic, momdp, toy)
 VERDICTS = {"reproduced", "not reproduced", "inconclusive"}
 KEYS = {"name", "expected", "verdict", "rule", "n", "estimate", "interval", "margin", "post_hoc", "measured"}
@@ -77,7 +79,10 @@ def test_records_ledger_and_plots(quick):
         assert (quick / "plots" / f"{plot}.png").stat().st_size > 1000
 
 
-def test_same_config_and_seed_give_identical_outputs(tmp_path):
+def test_same_config_and_seed_give_identical_outputs(tmp_path, monkeypatch):
+    # the outputs compared are the records, summary and ledger: the plots (checked on the quick run above) are built
+    # but not laid out or rendered, most of these runs' time
+    unrendered(monkeypatch)
     cfg = firm.Config(
         solver=solver_checks.SolverConfig(instances=10),
         quadratic=quadratic.QuadraticConfig(seeds=3, rounds=4, betas=[0.0, 0.01, 1.0], preference_rounds=4,

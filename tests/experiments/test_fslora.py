@@ -11,7 +11,7 @@ from collabalign.experiments.fslora import ablations, e1_comparison, e6_timing, 
 from collabalign.experiments.fslora.runner import Runner
 from collabalign.federation.engine import RoundFailed
 
-from .toy import run_twice
+from .plots import unrendered
 
 DECLARED = [e1_comparison.BEST_AVERAGE, glue.LEARNED, glue.GLUE_EQUAL_BUDGET, e6_timing.DEVICE_TIME_AS_HETEROLORA,
             e6_timing.CHEAPER_THAN_FLEX_AND_STACK,
@@ -27,7 +27,14 @@ TOY = ["seeds=[0]", "synthetic.n_train=200", "synthetic.n_test=200", "federation
 
 @pytest.fixture(scope="module")
 def toy_runs(tmp_path_factory):
-    return run_twice(tmp_path_factory, "fslora", TOY)
+    """Two runs of the same config and seed; the second, compared on its metrics only, unrendered."""
+    outs = [tmp_path_factory.mktemp("fslora") for _ in range(2)]
+    args = ["run", str(config_path("fslora", quick=True)), *TOY]
+    assert main([*args, "--out", str(outs[0])]) == 0
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        unrendered(monkeypatch)
+        assert main([*args, "--out", str(outs[1])]) == 0
+    return outs
 
 
 def test_every_declared_claim_is_reported_with_its_rule_and_a_verdict(toy_runs):
@@ -50,9 +57,10 @@ def test_every_declared_claim_is_reported_with_its_rule_and_a_verdict(toy_runs):
     assert "| synthetic | " in report and "| SST-2 |" not in report  # no GLUE rows without GLUE tasks
 
 
-def test_a_rerun_reads_every_synthetic_run_back_from_the_cache(toy_runs, tmp_path):
+def test_a_rerun_reads_every_synthetic_run_back_from_the_cache(toy_runs, tmp_path, monkeypatch):
     """E1's and the ablations' runs are saved under the synthetic settings' fingerprint: a stopped main run continues
     where it stopped; a changed setting computes afresh."""
+    unrendered(monkeypatch)  # compared on the cached runs and metrics only
     run = tmp_path / "run"
     shutil.copytree(toy_runs[0], run)
     cached = {p.name: p.stat().st_mtime_ns for p in (run / "fslora_synthetic_runs").iterdir()}

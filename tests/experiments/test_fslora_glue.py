@@ -16,15 +16,16 @@ from collabalign.experiments.fslora.runner import Runner
 from collabalign.models.backbones import minilm_l6
 from collabalign.selection import best
 
+from .plots import unrendered
 from .test_fslora import TOY
 
 pytestmark = pytest.mark.real
 
 GLUE_TOY = [*TOY[:-1], "ablations.run=false", "theory.run=false", "seeds=[0, 1]", "federation.devices=3",
             "federation.min_size=2", "glue.tasks=[SST-2, STS-B]", "glue.budget_task=SST-2", "glue.max_train=40",
-            "glue.max_test=40", "glue.lora_blocks=1", "glue.max_length=32", "glue.lr_grid=[0.1]",
-            "glue.alpha_grid=[1.0, 8.0]", "glue.federation={rounds: 2, eval_every: 1}", "glue.gate=false",
-            "glue.select_eval_every=2",
+            "glue.max_test=40", "glue.lora_blocks=1", "glue.max_length=16", "glue.lr_grid=[0.1]",
+            "glue.alpha_grid=[1.0, 8.0]", "glue.federation={rounds: 2, eval_every: 1, batch_size: 4}",
+            "glue.gate=false", "glue.select_eval_every=2",
             "--no-progress"]
 
 
@@ -84,7 +85,8 @@ def test_references_learned_claim_and_glue_e2_are_reported(glue_run):
     assert frozen and all(r["delta_w_rel_norm"] == 0 for r in frozen)  # the head alone moved
 
 
-def test_a_rerun_reads_every_glue_run_back_from_the_cache(glue_run, tmp_path):
+def test_a_rerun_reads_every_glue_run_back_from_the_cache(glue_run, tmp_path, monkeypatch):
+    unrendered(monkeypatch)  # compared on the cached runs and metrics only
     cached = sorted(p.name for p in (glue_run / "fslora_glue_runs").iterdir())
     assert len(cached) == 2 * (2 * 6 + 1) + 2 * 2 * 7 + 2  # selection (frozen: per lr) + dev runs, 2 tasks; E2
     before = {p: (glue_run / "fslora_glue_runs" / p).stat().st_mtime_ns for p in cached}
@@ -174,7 +176,7 @@ def test_min_words_leaves_sst2_phrases_out_of_training_and_pairs_get_their_own_l
     from collabalign.seeding import Seeds
 
     cfg = load_config(config_path("fslora", quick=True), [*GLUE_TOY[:-1], "glue.min_words={SST-2: 10}",
-                                                         "glue.pair_max_length=64"])[2]
+                                                         "glue.max_length=32", "glue.pair_max_length=64"])[2]
     setup = cfg.glue.setup(cfg.glue_federation(), "SST-2")
     assert setup.min_words == 10 and cfg.glue.setup(cfg.glue_federation(), "MRPC").min_words == 0
     assert setup.length(pairs=True) == 64 and setup.length(pairs=False) == 32

@@ -12,6 +12,8 @@ from collabalign.experiments.meta_reward import sentiment
 from collabalign.experiments.meta_reward.sentiment_config import SentimentConfig
 from tests.entry.helpers import write_jsonl
 
+from .plots import unrendered
+
 THINGS = {"teapots": ["kettle", "spout", "glaze"], "kites": ["tail", "spar", "string"],
           "lanterns": ["wick", "shade", "handle"]}
 TINY = ["bandit.run=false", "sentiment.model=tiny-llama",
@@ -53,6 +55,8 @@ def test_the_sentiment_part_runs_on_jsonl_pairs_and_caches_cells_under_the_file(
     assert {"sft", "ours@1", "bt+rwr@4", "oracle@1", "hpl"} <= set(metrics["held_out_apl"])
     assert len(list((out / "meta_reward_cells").glob("lanterns-seed*.json"))) == 3
     monkeypatch.setattr(sentiment, "run_cell", lambda *a: pytest.fail("a cached cell was run again"))
+    # the reruns are checked on whether cells run again: figures built, not rendered
+    unrendered(monkeypatch)
     assert main(args) == 0
     write_jsonl(path, pairs()[::-1])  # other bytes, other cells
     with pytest.raises(pytest.fail.Exception, match="run again"):

@@ -1,6 +1,9 @@
 """The quickstart end to end through the CLI: synthetic fallback with a tiny model (fast), real data (marked)."""
 
+import contextlib
+import io
 import json
+import shutil
 
 import pytest
 
@@ -23,15 +26,22 @@ def no_shared_data(monkeypatch, tmp_path):
     monkeypatch.setenv("COLLABALIGN_DATA", str(tmp_path / "empty"))
 
 
-@pytest.fixture
-def tiny_runs(no_shared_data, tmp_path, capsys):
-    outs = [tmp_path / "a", tmp_path / "b"]
-    for out in outs:
-        rc, stdout, err = run_cli(["run", str(config_path("quickstart", quick=True)), *TINY, "--out", str(out)],
-                                  capsys)
-        assert rc == 0, err
-        assert stdout.strip() == str(out / "report.md")
-        assert "running on synthetic pairs" in err
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """Two runs of the same config and seed, made once for the file's tests (they only read them)."""
+    root = tmp_path_factory.mktemp("quickstart-tiny")
+    (root / "empty").mkdir()  # as `no_shared_data`: a data folder without the HH-RLHF file
+    outs = [root / "a", root / "b"]
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setenv("COLLABALIGN_DATA", str(root / "empty"))
+        for out in outs:
+            stdout, stderr = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                rc = main(["run", str(config_path("quickstart", quick=True)), *TINY, "--out", str(out)])
+            err = stderr.getvalue()
+            assert rc == 0, err
+            assert stdout.getvalue().strip() == str(out / "report.md")
+            assert "running on synthetic pairs" in err
     return outs
 
 
@@ -70,8 +80,9 @@ def test_run_directory_holds_config_metrics_ledger_claims_and_report(tiny_runs):
     assert "backbone: tiny-llama" in config and "torch:" in config
 
 
-def test_report_command_rewrites_the_report(tiny_runs, capsys):
-    run = tiny_runs[0]
+def test_report_command_rewrites_the_report(tiny_runs, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(tiny_runs[0], run)  # a copy: the shared runs stay as the run wrote them
     (run / "report.md").unlink()
     rc, out, _ = run_cli(["report", str(run)], capsys)
     assert rc == 0 and (run / "report.md").read_text().startswith("# Quickstart: FedAvg-LoRA")  # the title again
@@ -98,7 +109,8 @@ def test_list_names_each_experiment_and_its_configs(capsys):
 
 @pytest.mark.real
 def test_quickstart_on_real_hh_rlhf_pairs(tmp_path, capsys):
-    overrides = ["data.max_pairs=160", "train.rounds=1", "split.min_pairs=4", "train.local_only_eval_every=1"]
+    overrides = ["data.max_pairs=160", "train.rounds=1", "split.min_pairs=4", "train.local_only_eval_every=1",
+                 "data.max_length=16"]  # short texts: what is checked is the data the real file gives
     rc, _, err = run_cli(["run", str(config_path("quickstart", True)), *overrides, "--out", str(tmp_path),
                           "--no-progress"], capsys)
     assert rc == 0, err
@@ -161,7 +173,7 @@ def test_a_bad_jsonl_config_or_row_is_named(overrides, message, tmp_path, capsys
     assert rc == 2 and message in err
 
 
-def test_federated_job_is_the_comparisons_fedavg_lora(tiny_runs):
+def test_federated_job_is_the_comparisons_fedavg_lora(tiny_runs, no_shared_data):
     """What the Flower app runs (`federated_job`) is the comparison's FedAvg-LoRA: the same final adapters; a node
     (`own`) holds only its own client's pairs."""
     from safetensors.numpy import load_file

@@ -16,6 +16,7 @@ from collabalign.experiments.pshare_lora.text import LEARNED, LEARNED_BEYOND_FEA
 from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
 from collabalign.runs import RunDir
 from tests.data.helpers import write_hh
+from tests.experiments.plots import unrendered
 from tests.methods.pshare_lora.text_setup import tiny_bert
 
 BANDIT = Config(seeds=[0, 1], problem=ProblemConfig(d1=6, d2=4, users=3, n_test=10),
@@ -23,8 +24,11 @@ BANDIT = Config(seeds=[0, 1], problem=ProblemConfig(d1=6, d2=4, users=3, n_test=
                                     methods=["global", "pshare_si"], train=TrainConfig(steps=20), iters=50))
 
 
-def test_bandit_part_writes_claims_table_and_plots_and_is_deterministic(tmp_path):
-    a, b = (bandit_part(BANDIT, RunDir(tmp_path / name), progress=False) for name in ("a", "b"))
+def test_bandit_part_writes_claims_table_and_plots_and_is_deterministic(tmp_path, monkeypatch):
+    a = bandit_part(BANDIT, RunDir(tmp_path / "a"), progress=False)
+    with monkeypatch.context() as patched:
+        unrendered(patched)
+        b = bandit_part(BANDIT, RunDir(tmp_path / "b"), progress=False)
     assert json.dumps(a.records, sort_keys=True) == json.dumps(b.records, sort_keys=True)
     assert a.claims == b.claims and a.metrics == b.metrics
     names = [c["name"] for c in a.claims]
@@ -39,6 +43,7 @@ def test_bandit_part_writes_claims_table_and_plots_and_is_deterministic(tmp_path
     assert "| P-ShareLoRA (SI) | oracle |" in a.notes[0]
     for name in ("zeta0", "best_zeta"):
         assert (tmp_path / "a" / "plots" / f"bandit_gap_{name}.png").stat().st_size > 1000
+    unrendered(monkeypatch)  # what follows is compared on claims, metrics and records only
     saved = RunDir(tmp_path / "a")
     saved.write_metrics(a.records)  # the summary is rebuilt from metrics.jsonl alone
     rebuilt = summarise(BANDIT.bandit, saved.read_metrics(), RunDir(tmp_path / "c"))
@@ -62,7 +67,10 @@ FEDERATED = Config(seeds=[0, 1, 2], problem=ProblemConfig(users=3, n_train=20, n
 @pytest.fixture(scope="module")
 def toy_federated(tmp_path_factory):
     out = [tmp_path_factory.mktemp("fed") for _ in range(2)]
-    return out, [federated_part(FEDERATED, RunDir(path), progress=False) for path in out]
+    first = federated_part(FEDERATED, RunDir(out[0]), progress=False)
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        unrendered(monkeypatch)  # the second run is compared on its records only
+        return out, [first, federated_part(FEDERATED, RunDir(out[1]), progress=False)]
 
 
 def test_federated_part_writes_its_claims_ledgers_and_plot(toy_federated):
@@ -84,7 +92,8 @@ def test_federated_part_writes_its_claims_ledgers_and_plot(toy_federated):
     assert json.dumps(part.records, sort_keys=True) == json.dumps(again.records, sort_keys=True)
 
 
-def test_federated_runs_are_cached_and_read_back_with_their_ledgers(toy_federated):
+def test_federated_runs_are_cached_and_read_back_with_their_ledgers(toy_federated, monkeypatch):
+    unrendered(monkeypatch)  # compared on the cached runs, records and ledger only
     paths, (part, _) = toy_federated
     cached = sorted((paths[0] / "pshare_federated_runs").iterdir())
     assert len(cached) == len(FEDERATED.federated.methods) * len(FEDERATED.seeds)
@@ -129,9 +138,12 @@ def hh_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_dir, tmp_path):
+def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_dir, tmp_path, monkeypatch):
     cfg = Config(seeds=[7], text=TEXT)
-    parts = [text_part(cfg, RunDir(tmp_path / f"run{k}"), False, backbone) for k in range(2)]
+    parts = [text_part(cfg, RunDir(tmp_path / "run0"), False, backbone)]
+    with monkeypatch.context() as patched:
+        unrendered(patched)  # the second run is compared on its records only
+        parts.append(text_part(cfg, RunDir(tmp_path / "run1"), False, backbone))
     assert parts[0].records == parts[1].records
     assert {r["seed"] for r in parts[0].records} == {0, 1}  # the text seeds override the experiment's
     assert len(parts[0].records) == 2 * 7 * 2  # sources x methods x seeds
@@ -162,6 +174,7 @@ def test_text_part_writes_claims_table_plot_and_is_deterministic(backbone, hh_di
     fits = sorted((tmp_path / "run0" / "pshare_text_fits").iterdir())
     assert len(fits) == len(parts[0].records)  # every fit cached: a stopped run continues where it stopped
     stamps = [f.stat().st_mtime_ns for f in fits]
+    unrendered(monkeypatch)
     assert text_part(cfg, RunDir(tmp_path / "run0"), False, backbone).records == parts[0].records
     assert [f.stat().st_mtime_ns for f in fits] == stamps  # read back, not refitted
 

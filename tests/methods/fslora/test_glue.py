@@ -44,10 +44,20 @@ def fresh_factors(problem, rank=8):
     return {n: (np.zeros((m, rank), np.float32), problem.init_a(gen, rank, k)) for n, (m, k) in problem.shapes.items()}
 
 
+STSB = GlueSetup(rank=8, sgd=LocalSGD(steps=30, lr=0.05), max_train=48, max_length=32, max_test=32)  # float32
+
+
 @pytest.fixture(scope="module")
 def stsb(backbone):
-    setup = GlueSetup(rank=8, sgd=LocalSGD(steps=30, lr=0.05), max_train=48, max_length=32, max_test=32)
-    return glue_problem("STS-B", shared_data_dir() / "glue", backbone, setup, Seeds(0))
+    return glue_problem("STS-B", shared_data_dir() / "glue", backbone, STSB, Seeds(0))
+
+
+@pytest.fixture(scope="module")
+def stsb_trained(stsb):
+    """One device's local training from fresh factors and head (seed 0) on the STS-B training rows, done once."""
+    problem, train = stsb
+    return problem.local_train(fresh_factors(problem), problem.init_head(Seeds(0)), 1.0, None, train,
+                               torch.Generator().manual_seed(0))
 
 
 def test_stsb_is_a_one_output_regression_scored_by_pearson(stsb):
@@ -63,12 +73,11 @@ def test_stsb_is_a_one_output_regression_scored_by_pearson(stsb):
     assert any(abs(result.state[k]).sum() > 0 for k in result.state if k.endswith(".B"))
 
 
-def test_stsb_training_fits_the_training_scores(stsb):
+def test_stsb_training_fits_the_training_scores(stsb, stsb_trained):
     problem, train = stsb
     shapes = problem.shapes
-    factors = fresh_factors(problem)
     head = problem.init_head(Seeds(0))
-    trained, new_head = problem.local_train(factors, head, 1.0, None, train, torch.Generator().manual_seed(0))
+    trained, new_head = stsb_trained
     test, problem.test = problem.test, train  # score the training rows
     try:
         before = problem.evaluate({n: np.zeros(s, np.float32) for n, s in shapes.items()}, head)
@@ -79,18 +88,20 @@ def test_stsb_training_fits_the_training_scores(stsb):
     assert after["pearson"] > max(0.5, before["pearson"] + 0.3)
 
 
-def test_bfloat16_trains_as_float32_does_up_to_rounding(backbone):
+def test_bfloat16_trains_as_float32_does_up_to_rounding(backbone, stsb, stsb_trained):
     from dataclasses import replace
 
-    setup = GlueSetup(rank=8, sgd=LocalSGD(steps=30, lr=0.05), max_train=48, max_length=32, max_test=32)
     scores = {}
     for precision in PRECISIONS:
-        problem, train = glue_problem("STS-B", shared_data_dir() / "glue", backbone,
-                                      replace(setup, precision=precision), Seeds(0))
+        if precision == STSB.precision:  # float32: the shared STS-B problem and its training (the same setup)
+            problem, (trained, head) = stsb[0], stsb_trained
+        else:
+            problem, train = glue_problem("STS-B", shared_data_dir() / "glue", backbone,
+                                          replace(STSB, precision=precision), Seeds(0))
+            trained, head = problem.local_train(fresh_factors(problem), problem.init_head(Seeds(0)), 1.0, None,
+                                                train, torch.Generator().manual_seed(0))
         attention = problem.model.pooled.backbone.config._attn_implementation
         assert (attention == "eager") == (precision == "bfloat16")  # bfloat16 skips the slow CPU flash backward
-        trained, head = problem.local_train(fresh_factors(problem), problem.init_head(Seeds(0)), 1.0, None, train,
-                                            torch.Generator().manual_seed(0))
         assert all(B.dtype == A.dtype == np.float32 for B, A in trained.values())  # weights stay float32
         scores[precision] = problem.evaluate({n: B @ A for n, (B, A) in trained.items()}, head)
     assert scores["bfloat16"] != scores["float32"]  # the products did run in bfloat16
