@@ -43,7 +43,10 @@ class FIRMConfig(Strict):
     lora: LoRASection = LoRASection()
     rewards: Distinct[str] = Field(["relevance", "brevity"], min_length=1)  # SHIPPED names, Hugging Face RMs
     rule: Literal["firm", "fedavg-ls", "fedcmoo-a"] = "firm"  # FIRM, or the paper's baselines
-    step: Literal["ppo", "rloo"] = "ppo"  # the paper's PPO, or REINFORCE-leave-one-out (no critic; every rule)
+    # REINFORCE leave-one-out (no critic; every rule), or the paper's PPO. The default and `ppo`'s settings are what
+    # made the FIRM main form's SmolLM2 part learn (docs/reproductions.md, FIRM): PPO's steps from zero value heads
+    # left the policy where it started.
+    step: Literal["ppo", "rloo"] = "rloo"
     samples: int = Field(4, ge=2)  # rloo: replies sampled per prompt, each judged against the others' mean
     beta: NonNegativeFloat = 0.01  # the MGDA regulariser β (spec §2)
     preference: list[PositiveFloat] | None = None  # p, one weight per reward: replaces (β/2)I by Diag(1/p)
@@ -54,7 +57,7 @@ class FIRMConfig(Strict):
     max_new_tokens: PositiveInt = 24
     max_prompt_tokens: PositiveInt = 128  # a longer prompt (chat template included) is an error, never cut
     temperature: PositiveFloat = 1.0
-    ppo: PPOConfig = PPOConfig(minibatch=4, actor_lr=1e-4)
+    ppo: PPOConfig = PPOConfig(minibatch=4, actor_lr=1e-3, kl_init=0.05, kl_target=2.0, kl_horizon=64)
     test_fraction: float = Field(0.2, ge=0, lt=1)  # prompts held out for the reported rewards
     seed: NonNegativeInt = 0
     engine: EngineOptions = EngineOptions()
