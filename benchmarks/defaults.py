@@ -1,7 +1,7 @@
 """Each entry point at its defaults against its baseline, on real data under ../shared/data that no default was chosen
 on, at 5 seeds (each seed: the entry point's own split and initialisation), decided by the claims rule.
 
-    python benchmarks/defaults.py --out runs/defaults [--only pshare-pku,fslora-sst2] [--seeds 5]
+    python benchmarks/defaults.py --out runs/defaults [--only pshare-pku,fslora-sst2] [--seeds 5] [--first-seed 0]
 
 Every cell writes the user's files (JSONL in the documented formats) and calls the entry point exactly as a user
 would, with only the fields the data needs (`held_out`, `objective`) set: what a new user gets. The record each run
@@ -142,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("runs/defaults"))
     parser.add_argument("--only", default="", help="comma-separated cells (default: all)")
     parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="run seeds from here only (two processes on two folders; merge their defaults.json)")
     args = parser.parse_args(argv)
     if shared_data_dir() is None:
         print("error: ../shared/data not found (set COLLABALIGN_DATA to its folder)", file=sys.stderr)
@@ -151,7 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     done = json.loads(store.read_text()) if store.exists() else {}
     cells = [c for c in args.only.split(",") if c] or list(CELLS)
     for cell in cells:
-        for seed in range(args.seeds):
+        for seed in range(args.first_seed, args.seeds):
             key = f"{cell}/{seed}"
             if key in done:
                 continue
