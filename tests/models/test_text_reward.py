@@ -139,7 +139,9 @@ def test_folds_cover_every_row_once_per_repeat_and_follow_the_seed():
 def pku():
     from collabalign.models.text_reward import SentenceEncoder
 
-    return load_pku_saferlhf(SHARED / PKU_FILE), SentenceEncoder(max_length=128)  # 128 tokens: 3/4 of 256's cost
+    # 64 tokens: about half of 128's cost; the probe's held-out accuracy is the same (5 folds, seed 0: 0.760 against
+    # 0.756 at 128, the worst fold 0.705 against 0.696; base rate 0.532)
+    return load_pku_saferlhf(SHARED / PKU_FILE), SentenceEncoder(max_length=64)
 
 
 @pytest.mark.real
