@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 from sklearn.linear_model import LogisticRegression, Ridge
 
-from collabalign.claims import comparison, superiority
+from collabalign.claims import compared, superiority
 from collabalign.models.text_reward import LinearHead, fit_bradley_terry, standardiser
 
 BEATS = superiority("beats_baseline", "the trained model scores above its baseline on the same held-out items")
@@ -39,11 +39,9 @@ def compare(metric: str, ours: Sequence[float] | np.ndarray, baseline: Sequence[
         _, index, counts = np.unique(g, return_inverse=True, return_counts=True)
         weight = a.size / (len(counts) * counts[index])
     claim = BEATS if not lower_is_better else superiority(BEATS.name, BEATS.expected, lower_is_better=True)
-    record = claim.decide(weight * a, weight * b)
     return {"metric": metric, "baseline": name, "ours": _r(np.mean(weight * a)),
-            "baseline_value": _r(np.mean(weight * b)), "difference": record["estimate"],
-            "interval": record["interval"], "items": int(a.size),
-            "verdict": comparison(record)}
+            "baseline_value": _r(np.mean(weight * b)), "items": int(a.size),
+            **compared(claim, weight * a, weight * b)}  # difference, interval and verdict, decided by claims.py
 
 
 def sentence(method: str, record: dict[str, Any]) -> str:

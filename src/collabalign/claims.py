@@ -259,6 +259,13 @@ def comparison(record: Mapping[str, Any]) -> str:
     return {"reproduced": "beats", "not reproduced": "loses to", "inconclusive": "ties with"}[record["verdict"]]
 
 
+def compared(claim: Claim, a: Sequence[float], b: Sequence[float]) -> dict[str, Any]:
+    """A superiority `claim` of paired scores `a` over `b` decided, as {difference, interval, verdict} with the
+    verdict read as a comparison ("beats", "loses to", "ties with")."""
+    record = claim.decide(a, b)
+    return {"difference": record["estimate"], "interval": record["interval"], "verdict": comparison(record)}
+
+
 def confirmed(record: Mapping[str, Any]) -> bool:
     """Whether a decided claim's record says the claim holds (what later parts may condition a label on)."""
     return record["verdict"] == "reproduced"
