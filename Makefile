@@ -6,6 +6,9 @@ export TRANSFORMERS_OFFLINE := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_HOME := $(CURDIR)/.cache/flwr
 export MPLBACKEND := Agg
+# Python keeps what it compiles (the project's modules, pytest's rewritten tests) for the next process: with
+# PYTHONDONTWRITEBYTECODE set, each of the suite's ~150 Python processes compiled the package from source again
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: demo test lint venv clean
 

@@ -15,6 +15,7 @@ from collabalign.models.backbones import (
     package_dir,
     sha256,
     smollm2_135m,
+    smollm2_tokenizer,
     tiny_llama,
 )
 
@@ -39,6 +40,19 @@ def test_tiny_llama_is_seeded_and_uses_the_smollm2_vocabulary():
     assert torch.equal(wa, wb) and not torch.equal(wa, wc)
     ids = a.tokenizer("Hello there", return_tensors="pt").input_ids
     assert a.tokenizer.decode(ids[0]) == "Hello there"
+
+
+def test_each_tokenizer_copy_keeps_its_own_settings():
+    a, b = smollm2_tokenizer(), smollm2_tokenizer()
+    a.truncation_side = a.padding_side = "left"
+    a.pad_token = a.bos_token
+    text = "one two three four five six seven eight nine ten"
+    cut = a([text, "hi"], truncation=True, max_length=4, padding=True).input_ids
+    assert cut[0] == b(text).input_ids[-4:] and cut[1][:3] == [a.bos_token_id] * 3  # cut and padded on the left
+    assert (b.truncation_side, b.padding_side, b.pad_token) == ("right", "right", "<|im_end|>")
+    assert b([text, "hi"], truncation=True, max_length=4, padding=True).input_ids == [
+        b(text).input_ids[:4], b("hi").input_ids + [b.pad_token_id] * 3]  # b: its own sides and pad token
+    assert len(b(text * 20).input_ids) > 100  # a's truncation does not stay on the shared Rust tokenizer
 
 
 def test_load_backbone_reads_any_saved_model_directory(tmp_path):

@@ -85,8 +85,8 @@ def _smollm2_cache() -> tuple[Path, Path]:
 
 
 def smollm2_tokenizer():
-    """SmolLM2's tokenizer, read from the GGUF file once (about 10 s) and cached as tokenizer.json; a fresh copy each
-    call (callers set its padding and truncation sides), read from disk once per process."""
+    """SmolLM2's tokenizer, read from the GGUF file once (about 10 s) and cached as tokenizer.json; read from disk once
+    per process, and a copy of its own each call (`own_copy`: callers set its padding and truncation sides)."""
     gguf, root = _smollm2_cache()
 
     def write(tmp: Path) -> None:
@@ -95,7 +95,17 @@ def smollm2_tokenizer():
         print(f"collabalign: extracting the SmolLM2 tokenizer from {gguf.name} into {root}", file=sys.stderr)
         AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(tmp)
 
-    return copy.deepcopy(_read_tokenizer(str(write_once(root / "tokenizer", write))))
+    return own_copy(_read_tokenizer(str(write_once(root / "tokenizer", write))))
+
+
+def own_copy(tokenizer):
+    """A copy of a fast tokenizer whose settings (padding and truncation sides, special tokens) are its own, over the
+    same Rust tokenizer: that one's padding and truncation are set again on every call, and a deep copy would
+    serialise and parse it (0.1 s, more than the tiny Llama it goes with). Adding tokens to a copy would add them to
+    all: nothing here does."""
+    copied = copy.copy(tokenizer)
+    copied.__dict__.update({k: copy.copy(v) for k, v in vars(tokenizer).items() if isinstance(v, dict | list | set)})
+    return copied
 
 
 @functools.cache
