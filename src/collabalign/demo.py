@@ -87,8 +87,10 @@ def fslora(data: dict[str, Path], out: Path) -> tuple[list[Result], str]:
     rounds = [r for r in result.metrics["rounds"] if "accuracy" in r]
     line_plot(out / "plots" / "fslora.png", {"FSLoRA": ([r["round"] for r in rounds], [r["accuracy"] for r in rounds])},
             "round", "held-out accuracy", "FSLoRA: devices of ranks 2, 4 and 8")
-    return [result], ("A MiniLM classifier of pleased / displeased product remarks trained by three devices whose "
-                      "LoRA ranks differ; each device's slice is saved beside the global adapter.")
+    return [result], ("A MiniLM classifier of pleased / displeased product remarks, half of them negated (\"The kettle "
+                      "is not flimsy.\" is pleased), trained by three devices whose LoRA ranks differ; each device's "
+                      "slice is saved beside the global adapter. Its baseline, a logistic probe on the frozen "
+                      "encoder's mean-pooled embeddings, sees the negation only in part.")
 
 
 def affpcl(data: dict[str, Path], out: Path) -> tuple[list[Result], str]:

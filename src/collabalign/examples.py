@@ -5,7 +5,7 @@
   over the curt one, so one global reward model cannot please all three (cai's taste is the same in every domain);
 - prompts.jsonl: questions from the same domains;
 - texts.jsonl: prompt and response rows to score (`collabalign score`);
-- labelled.jsonl: short product remarks, label 1 (pleased) or 0 (displeased);
+- labelled.jsonl: 256 short product remarks, label 1 (pleased) or 0 (displeased), half of them negated;
 - agents.npz: AffPCL's per-agent least-squares data, X_<agent> (n, d) and y_<agent> (n,): agents whose true weights
   share a common part, each with a few noisy rows of its own and public rows they all have (sharing pays).
 """
@@ -45,10 +45,10 @@ TOPICS = {
 }
 FRIENDLY = "Happy to help! {reply} Good luck, you've got this."
 CURT = "{reply} That's all."
-POSITIVE = ["works perfectly", "is sturdy and well made", "arrived early and looks great", "is worth every penny",
-            "does exactly what it says", "made my mornings easier"]
-NEGATIVE = ["broke after a week", "is flimsy and cheap", "arrived late and scratched", "is a waste of money",
-            "stopped working quickly", "smells of plastic"]
+PLEASED = ["sturdy", "reliable", "comfortable", "quiet"]  # words of a pleased remark, of a displeased one:
+DISPLEASED = ["flimsy", "noisy", "fragile", "awkward"]  # negated ("not flimsy"), each says the opposite
+REMARKS = [("The {product} is {word}.", "The {product} is not {word}."),
+           ("I found the {product} {word}.", "I did not find the {product} {word}.")]
 PRODUCTS = ["kettle", "backpack", "lamp", "blender", "umbrella", "desk chair", "toaster", "tent"]
 
 
@@ -69,11 +69,15 @@ def preference_rows() -> list[dict]:
 
 
 def labelled_rows() -> list[dict]:
-    """Product remarks: "The <product> <phrase>." with label 1 for a pleased phrase, 0 for a displeased one."""
-    return [{"text": f"The {product} {phrase}.", "label": label}
-            for i, product in enumerate(PRODUCTS)
-            for label, phrases in ((1, POSITIVE), (0, NEGATIVE))
-            for phrase in (phrases[i % len(phrases)], phrases[(i + 3) % len(phrases)])]
+    """Product remarks, label 1 when pleased, 0 when displeased: every product with every word, plainly and negated
+    ("The kettle is not flimsy." is pleased). A word alone does not give the label: the negation flips it, which a
+    linear probe on mean-pooled frozen embeddings only partly sees and a trained encoder can learn."""
+    return [{"text": remark.format(product=product, word=word), "label": int(pleased) ^ negated}
+            for product in PRODUCTS
+            for pleased, words in ((True, PLEASED), (False, DISPLEASED))
+            for word in words
+            for frame in REMARKS
+            for negated, remark in enumerate(frame)]
 
 
 def agent_arrays(agents: int = 4, dim: int = 5, rows: int = 12, seed: int = 0) -> dict[str, np.ndarray]:
