@@ -21,8 +21,9 @@ from pydantic import BaseModel
 from collabalign.cli import CONFIG_DIR, load_config
 from collabalign.comm import Message, MessageError
 from collabalign.config import ConfigError, read_yaml, validate
-from collabalign.data import DataError, load_commonsense, load_glue, load_hh_rlhf, load_hhh, load_jsonl, load_tldr
+from collabalign.data import DataError, load_commonsense, load_glue, load_hh_rlhf, load_tldr
 from collabalign.data.amazon_reviews import read_reviews
+from collabalign.data.formats import load_pairs
 from collabalign.data.glue import LAYOUTS
 from collabalign.data.pku_saferlhf import load_pku_saferlhf
 from collabalign.experiments import EXPERIMENTS
@@ -136,7 +137,7 @@ def test_random_config_files_raise_only_config_error(folder, content):
 
 
 ROWS = {  # a valid row of each JSONL loader, mutated below
-    "jsonl": {"prompt": "Hi?", "chosen": "Hello.", "rejected": "Bye."},
+    "pairs": {"prompt": "Hi?", "chosen": "Hello.", "rejected": "Bye."},
     "hh_rlhf": {"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello.", "rejected": "\n\nHuman: Hi?\n\nAssistant: Bye."},
     "pku_saferlhf": {"prompt": "Hi?", "response_0": "Hello.", "response_1": "Go away.", "better_response_id": 0,
                      "safer_response_id": 1, "is_response_0_safe": True, "is_response_1_safe": False},
@@ -145,18 +146,15 @@ ROWS = {  # a valid row of each JSONL loader, mutated below
              "batch": "b1", "split": "train", "extra": {"confidence": 5}},
 }
 WHOLE = {  # a valid file of each whole-JSON loader
-    "hhh": {"examples": [{"input": "Hi?", "target_scores": {"Hello.": 1, "Bye.": 0}}]},
     "commonsense": [{"instruction": "Q?", "input": "", "output": "the answer is true", "answer": "true"}],
 }
 LOADERS: dict[str, Callable[[Path], Any]] = {
-    "jsonl": load_jsonl,
-    "jsonl_drop": lambda p: load_jsonl(p, drop_invalid=True),
+    "pairs": load_pairs,
     "hh_rlhf": load_hh_rlhf,
     "hh_rlhf_drop": lambda p: load_hh_rlhf(p, drop_invalid=True),
     "pku_saferlhf": load_pku_saferlhf,
     "tldr": load_tldr,
     "tldr_drop": lambda p: load_tldr(p, drop_invalid=True),
-    "hhh": load_hhh,
     "commonsense": load_commonsense,
     "commonsense_boolq": lambda p: load_commonsense(p, "boolq"),
     "amazon_reviews": lambda p: read_reviews(p, "books", 1),

@@ -1,6 +1,5 @@
 """Every loader names the file, line and field of a malformed input."""
 
-import json
 
 import numpy as np
 import pytest
@@ -11,34 +10,28 @@ from collabalign.data import (
     load_commonsense,
     load_glue,
     load_hh_rlhf,
-    load_hhh,
-    load_jsonl,
     load_tldr,
     tiny_preferences,
 )
 from collabalign.data.amazon_reviews import read_reviews
+from collabalign.data.formats import load_pairs
 from collabalign.data.pku_saferlhf import load_pku_saferlhf
 from tests.data.helpers import MNLI_HEAD, jsonl, mnli_row, write
 
 OK = {"prompt": "Hi?", "chosen": "Hello.", "rejected": "Bye."}
 HH_OK = {"chosen": "\n\nHuman: Hi?\n\nAssistant: Hello.", "rejected": "\n\nHuman: Hi?\n\nAssistant: Bye."}
-HHH_OK = {"input": "Hi?", "target_scores": {"Hello.": 1, "Bye.": 0}}
-
-
-def hhh(*examples: object) -> str:
-    return json.dumps({"name": "x", "examples": list(examples)})
 
 
 # (loader, file name, content, expected line, expected field, message fragment)
 CASES = {
-    "invalid_json": (load_jsonl, "a.jsonl", jsonl(OK) + '{"prompt": \n', 2, None, "invalid JSON"),
-    "not_object": (load_jsonl, "a.jsonl", "[1, 2]\n", 1, None, "not a JSON object"),
-    "bad_utf8": (load_jsonl, "a.jsonl", jsonl(OK, OK).encode() + b'{"prompt": "\xc3\x28"}\n', 3, None, "UTF-8"),
-    "missing_field": (load_jsonl, "a.jsonl", jsonl(OK, {"prompt": "p", "rejected": "r"}), 2, "chosen", "missing"),
-    "non_string": (load_jsonl, "a.jsonl", jsonl({**OK, "rejected": 3}), 1, "rejected", "not a string"),
-    "blank_text": (load_jsonl, "a.jsonl", jsonl(OK, OK, {**OK, "prompt": " \n\t"}), 3, "prompt", "empty text"),
-    "chosen_eq_rejected": (load_jsonl, "a.jsonl", jsonl({**OK, "rejected": "Hello."}), 1, "rejected", "identical"),
-    "empty_file": (load_jsonl, "a.jsonl", "", None, None, "no rows"),
+    "invalid_json": (load_pairs, "a.jsonl", jsonl(OK) + '{"prompt": \n', 2, None, "invalid JSON"),
+    "not_object": (load_pairs, "a.jsonl", "[1, 2]\n", 1, None, "not a JSON object"),
+    "bad_utf8": (load_pairs, "a.jsonl", jsonl(OK, OK).encode() + b'{"prompt": "\xc3\x28"}\n', 3, None, "UTF-8"),
+    "missing_field": (load_pairs, "a.jsonl", jsonl(OK, {"prompt": "p", "rejected": "r"}), 2, "chosen", "missing"),
+    "non_string": (load_pairs, "a.jsonl", jsonl({**OK, "rejected": 3}), 1, "rejected", "not a string"),
+    "blank_text": (load_pairs, "a.jsonl", jsonl(OK, OK, {**OK, "prompt": " \n\t"}), 3, "prompt", "empty text"),
+    "chosen_eq_rejected": (load_pairs, "a.jsonl", jsonl({**OK, "rejected": "Hello."}), 1, "rejected", "identical"),
+    "empty_file": (load_pairs, "a.jsonl", "", None, None, "no rows"),
     "hh_no_assistant": (
         load_hh_rlhf, "h.jsonl", jsonl(HH_OK, {**HH_OK, "chosen": "\n\nHuman: Hi?"}), 2, "chosen", "Assistant"
     ),
@@ -50,17 +43,6 @@ CASES = {
         load_hh_rlhf, "h.jsonl", jsonl({**HH_OK, "chosen": "\n\nHuman: Hi?\n\nAssistant: "}), 1, "chosen", "empty"
     ),
     "hh_missing_rejected": (load_hh_rlhf, "h.jsonl", jsonl({"chosen": HH_OK["chosen"]}), 1, "rejected", "missing"),
-    "hhh_missing_input": (
-        load_hhh, "task.json", hhh(HHH_OK, {"target_scores": {"a": 1, "b": 0}}), 2, "input", "missing"
-    ),
-    "hhh_two_best": (
-        load_hhh, "task.json", hhh({"input": "q", "target_scores": {"a": 1, "b": 1}}), 1, "target_scores", "exactly one"
-    ),
-    "hhh_bad_score": (
-        load_hhh, "task.json", hhh({"input": "q", "target_scores": {"a": 1, "b": "0"}}), 1, "target_scores", "0 or 1"
-    ),
-    "hhh_no_examples": (load_hhh, "task.json", json.dumps({"name": "x"}), None, "examples", "not a list"),
-    "hhh_invalid_json": (load_hhh, "task.json", '{\n  "examples": [,]\n}', 2, None, "invalid JSON"),
 }
 
 
@@ -119,9 +101,8 @@ def test_glue_names_file_line_field(tmp_path, case):
 
 
 LOADERS = {  # every loader that reads a file, as a call on one path
-    "jsonl": load_jsonl,
+    "pairs": load_pairs,
     "hh_rlhf": load_hh_rlhf,
-    "hhh": load_hhh,
     "pku_saferlhf": load_pku_saferlhf,
     "tldr": load_tldr,
     "commonsense": load_commonsense,
@@ -161,7 +142,7 @@ def test_corrupt_compressed_or_non_utf8_files_are_data_errors(tmp_path):
     with pytest.raises(DataError, match=r"test\.json: invalid JSON \(nested too deeply\)"):
         load_commonsense(write(tmp_path / "test.json", "[" * 100_000 + "]" * 100_000))
     with pytest.raises(DataError, match=r"a\.jsonl:1: invalid JSON"):
-        load_jsonl(write(tmp_path / "a.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"))
+        load_pairs(write(tmp_path / "a.jsonl", "[" * 100_000 + "]" * 100_000 + "\n"))
 
 
 def test_an_unknown_split_attribute_names_it_and_the_known_ones():

@@ -3,17 +3,29 @@ import pickle
 
 import pytest
 
-from collabalign.data import DataError, PreferencePair, load_jsonl
+from collabalign.data import DataError, PreferencePair
 from collabalign.data.formats import load_pairs
-from collabalign.data.preferences import checked_pair, same_reply
+from collabalign.data.jsonl import read_jsonl
+from collabalign.data.preferences import checked_pair, collect_pairs, same_reply
 from tests.data.helpers import jsonl, write
 
 GOOD = {"prompt": "Hi?", "chosen": "Hello, nice to meet you.", "rejected": "Go away."}
 
 
+def drop_or_raise(path, drop_invalid: bool):
+    """`collect_pairs` over a JSONL of prompt / chosen / rejected rows (what every pair loader builds on)."""
+    def make(line, row):
+        if not isinstance(row, dict) or any(f not in row for f in GOOD):
+            raise DataError(path, line, next((f for f in GOOD if isinstance(row, dict) and f not in row), None),
+                            "missing field" if isinstance(row, dict) else "not a JSON object")
+        return [checked_pair(path, line, row["prompt"], row["chosen"], row["rejected"])]
+
+    return collect_pairs(path, read_jsonl(path), make, drop_invalid)
+
+
 def test_loads_rows_and_set_protocol(tmp_path):
     path = write(tmp_path / "p.jsonl", jsonl(GOOD, {**GOOD, "prompt": "Yo?"}) + "\n")  # trailing blank line
-    pairs = load_jsonl(path)
+    pairs = load_pairs(path)
     assert len(pairs) == 2 and pairs.dropped == {} and pairs.source == str(path)
     assert pairs[0] == PreferencePair("Hi?", "Hello, nice to meet you.", "Go away.")
     assert [p.prompt for p in pairs] == ["Hi?", "Yo?"]
@@ -21,13 +33,8 @@ def test_loads_rows_and_set_protocol(tmp_path):
 
 def test_gzip_detected_by_magic_bytes_not_extension(tmp_path):
     path = write(tmp_path / "looks_plain.jsonl", jsonl(GOOD), gz=True)
-    assert load_jsonl(path)[0].chosen == GOOD["chosen"]
+    assert load_pairs(path)[0].chosen == GOOD["chosen"]
 
-
-def test_custom_fields_and_party(tmp_path):
-    row = {"q": "Hi?", "good": "Hello.", "bad": "Bye.", "worker": "w7"}
-    pair = load_jsonl(write(tmp_path / "p.jsonl", jsonl(row)), "q", "good", "bad", party_field="worker")[0]
-    assert (pair.prompt, pair.chosen, pair.rejected, pair.party) == ("Hi?", "Hello.", "Bye.", "w7")
 
 
 def test_drop_invalid_counts_every_reason(tmp_path):
@@ -41,7 +48,7 @@ def test_drop_invalid_counts_every_reason(tmp_path):
         jsonl(GOOD),
     ]
     path = write(tmp_path / "mixed.jsonl", "".join(lines).encode() + b"\xff\xfe\n")
-    pairs = load_jsonl(path, drop_invalid=True)
+    pairs = drop_or_raise(path, drop_invalid=True)
     assert len(pairs) == 2
     assert pairs.dropped == {
         "invalid JSON": 1,
@@ -51,20 +58,20 @@ def test_drop_invalid_counts_every_reason(tmp_path):
         "not valid UTF-8": 1,
     }
     with pytest.raises(DataError) as info:
-        load_jsonl(path)
+        drop_or_raise(path, drop_invalid=False)
     assert (info.value.line, info.value.message) == (2, "invalid JSON")
 
 
 def test_all_rows_dropped_is_still_an_error(tmp_path):
     path = write(tmp_path / "bad.jsonl", "[1]\n[2]\n")
     with pytest.raises(DataError, match=r"no valid rows \(dropped: \{'not a JSON object': 2\}\)"):
-        load_jsonl(path, drop_invalid=True)
+        drop_or_raise(path, drop_invalid=True)
 
 
 def test_truncated_gzip_is_a_data_error(tmp_path):
     path = write(tmp_path / "cut.jsonl.gz", gzip.compress(jsonl(GOOD, GOOD, GOOD).encode())[:-12])
     with pytest.raises(DataError, match="unreadable compressed data"):
-        load_jsonl(path)
+        load_pairs(path)
 
 
 def test_error_str_and_pickle():
@@ -99,12 +106,11 @@ def test_same_reply_sees_a_real_character(rejected):
     assert not same_reply(CHOSEN, rejected)
 
 
-@pytest.mark.parametrize("load", [load_jsonl, load_pairs], ids=["load_jsonl", "load_pairs"])
 @pytest.mark.parametrize("rejected", list(WHITESPACE_ONLY.values()), ids=list(WHITESPACE_ONLY))
-def test_loaders_refuse_a_pair_differing_only_in_whitespace(tmp_path, load, rejected):
+def test_loaders_refuse_a_pair_differing_only_in_whitespace(tmp_path, rejected):
     path = write(tmp_path / "p.jsonl", jsonl(GOOD, {**GOOD, "rejected": rejected}))
     with pytest.raises(DataError) as info:
-        load(path)
+        load_pairs(path)
     assert (info.value.path, info.value.line, info.value.field, info.value.message) == (
         str(path), 2, "rejected", "identical to chosen")
 
@@ -120,12 +126,12 @@ def test_checked_pair_refuses_a_pair_differing_only_in_whitespace(rejected):
 @pytest.mark.parametrize("rejected", list(REAL_DIFFERENCE.values()), ids=list(REAL_DIFFERENCE))
 def test_a_pair_differing_in_a_real_character_is_kept_as_written(tmp_path, rejected):
     path = write(tmp_path / "p.jsonl", jsonl({**GOOD, "rejected": rejected}))
-    for pair in (load_jsonl(path)[0], load_pairs(path)[0], checked_pair(path, 1, "Hi?", CHOSEN, rejected)):
+    for pair in (drop_or_raise(path, False)[0], load_pairs(path)[0], checked_pair(path, 1, "Hi?", CHOSEN, rejected)):
         assert (pair.chosen, pair.rejected) == (CHOSEN, rejected)
 
 
 def test_dropping_invalid_rows_counts_whitespace_only_pairs_as_identical(tmp_path):
     rows = [{**GOOD, "rejected": r} for r in (*WHITESPACE_ONLY.values(), *REAL_DIFFERENCE.values())]
-    pairs = load_jsonl(write(tmp_path / "p.jsonl", jsonl(*rows)), drop_invalid=True)
+    pairs = drop_or_raise(write(tmp_path / "p.jsonl", jsonl(*rows)), drop_invalid=True)
     assert [p.rejected for p in pairs] == list(REAL_DIFFERENCE.values())
     assert pairs.dropped == {"rejected: identical to chosen": len(WHITESPACE_ONLY)}

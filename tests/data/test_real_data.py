@@ -2,7 +2,7 @@
 
 import pytest
 
-from collabalign.data import HHH_SUBSETS, DataError, load_glue, load_hh_rlhf, load_hhh
+from collabalign.data import DataError, load_glue, load_hh_rlhf
 from tests.data.helpers import SHARED, needs_shared_data
 
 pytestmark = needs_shared_data
@@ -30,10 +30,3 @@ def test_hh_rlhf_harmless_test():
     with pytest.raises(DataError, match=r"harmless-base-test.jsonl.gz:87: field 'chosen': empty text"):
         load_hh_rlhf(path)
 
-
-@pytest.mark.parametrize(("subset", "n"), [("helpful", 59), ("harmless", 58), ("honest", 61), ("other", 43)])
-def test_bigbench_hhh_subsets(subset, n):
-    assert subset in HHH_SUBSETS
-    pairs = load_hhh(SHARED / "bigbench-hhh" / subset / "task.json")
-    assert len(pairs) == n and pairs.dropped == {}
-    assert {p.party for p in pairs} == {subset}

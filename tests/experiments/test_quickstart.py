@@ -173,27 +173,6 @@ def test_a_bad_jsonl_config_or_row_is_named(overrides, message, tmp_path, capsys
     assert rc == 2 and message in err
 
 
-def test_federated_job_is_the_comparisons_fedavg_lora(tiny_runs, no_shared_data):
-    """What the Flower app runs (`federated_job`) is the comparison's FedAvg-LoRA: the same final adapters; a node
-    (`own`) holds only its own client's pairs."""
-    from safetensors.numpy import load_file
-
-    from collabalign.cli import load_config
-    from collabalign.experiments.quickstart.comparison import federated_job
-    from collabalign.federation import simulate
-
-    cfg = load_config(config_path("quickstart", quick=True), [o for o in TINY if not o.startswith("--")])[2]
-    algorithm, data = federated_job(cfg, 0)
-    result = simulate(algorithm, data, cfg.train.rounds, 0, progress=False)
-    folder = tiny_runs[0] / "adapters" / "fedavg-lora-seed0"  # the saved global model: a PEFT folder and its head
-    saved, head = load_file(str(folder / "adapter_model.safetensors")), load_file(str(folder / "head.safetensors"))
-    expected = {f"base_model.model.model.{name[len('backbone.'):-2]}.lora_{name[-1]}.weight": value
-                for name, value in result.state.items() if not name.startswith("head.")}
-    assert saved.keys() == expected.keys() and all((saved[n] == v).all() for n, v in expected.items())
-    assert all((head[n] == result.state[f"head.{n}"]).all() for n in ("weight", "bias"))
-    node = federated_job(cfg, 0, own=["client1"])[1]
-    assert list(node) == ["client1"] and len(node["client1"]) == len(data["client1"])
-
 
 
 def test_the_reward_model_is_put_on_the_configured_device(no_shared_data):

@@ -1,6 +1,5 @@
 """Preference and text data: validated loaders (local files or the hub), partitioners and synthetic sets."""
 
-from collabalign.data.bigbench_hhh import HHH_SUBSETS, load_hhh
 from collabalign.data.commonsense import COMMONSENSE_TASKS, extract_answer, load_commonsense, load_commonsense_test
 from collabalign.data.errors import DataError
 from collabalign.data.glue import GLUE_TASKS, TextDataset, glue_metric, glue_path, load_glue
@@ -8,7 +7,7 @@ from collabalign.data.hh_rlhf import TOPIC_KEYWORDS, hh_attributes, load_hh_rlhf
 from collabalign.data.hub import glue_from_hub, hh_rlhf_from_hub, load_glue_any
 from collabalign.data.partition import by_key, dirichlet, iid, label_skew
 from collabalign.data.paths import shared_data_dir
-from collabalign.data.preferences import PreferencePair, PreferenceSet, attribute_labels, load_jsonl
+from collabalign.data.preferences import PreferencePair, PreferenceSet, attribute_labels
 from collabalign.data.synthetic import SYNTHETIC_TOPICS, tiny_preferences
 from collabalign.data.tldr import (
                                    load_tldr,
@@ -22,7 +21,6 @@ from collabalign.data.tldr import (
 __all__ = [
     "COMMONSENSE_TASKS",
     "GLUE_TASKS",
-    "HHH_SUBSETS",
     "SYNTHETIC_TOPICS",
     "TOPIC_KEYWORDS",
     "DataError",
@@ -45,8 +43,6 @@ __all__ = [
     "load_glue",
     "load_glue_any",
     "load_hh_rlhf",
-    "load_hhh",
-    "load_jsonl",
     "load_tldr",
     "load_tldr_users",
     "shared_data_dir",

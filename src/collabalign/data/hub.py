@@ -33,7 +33,7 @@ def load_hub_dataset(name: str, config: str | None, split: str) -> Any:
     except ImportError as err:
         raise ImportError(
             "loading from the Hugging Face hub needs the optional `datasets` package (pip install datasets); "
-            "offline, use the local-file loaders (load_hh_rlhf, load_glue, load_jsonl) on ../shared/data instead"
+            "offline, use the local-file loaders (load_hh_rlhf, load_glue, load_pairs) on ../shared/data instead"
         ) from err
     return load_dataset(name, config, split=split)
 

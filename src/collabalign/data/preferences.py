@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 from collabalign.data.errors import DataError
-from collabalign.data.jsonl import read_jsonl
 
 
 @dataclass(frozen=True)
@@ -121,24 +120,3 @@ def collect_pairs(
         raise DataError(source, None, None, detail)
     return PreferenceSet(pairs, dict(dropped), str(source))
 
-
-def load_jsonl(
-    path: str | Path,
-    prompt_field: str = "prompt",
-    chosen_field: str = "chosen",
-    rejected_field: str = "rejected",
-    party_field: str | None = None,
-    drop_invalid: bool = False,
-) -> PreferenceSet:
-    """Load preference pairs from a .jsonl or gzipped .jsonl file whose rows hold the three (or four) named fields."""
-
-    def make(line: int, obj: dict[str, Any]) -> list[PreferencePair]:
-        prompt = require_text(obj, prompt_field, path, line)
-        chosen = require_text(obj, chosen_field, path, line)
-        rejected = require_text(obj, rejected_field, path, line)
-        party = require_text(obj, party_field, path, line) if party_field else None
-        if same_reply(chosen, rejected):
-            raise DataError(path, line, rejected_field, "identical to chosen")
-        return [PreferencePair(prompt, chosen, rejected, party)]
-
-    return collect_pairs(path, read_jsonl(path), make, drop_invalid)

@@ -268,12 +268,6 @@ class LoopbackDeployment:
         for process in self.beside.pop(partition, []):
             kill_tree(process)
 
-    def restart_node(self, partition: int, partitions: int) -> None:
-        """Starts a killed SuperNode again once the SuperLink has marked it offline (it misses heartbeats for up to
-        60 s; Flower refuses to activate a node it still sees online)."""
-        self.wait_status([partition], "offline")
-        self.start_node(partition, partitions)
-
     def run(self, app: Path, run_config: dict[str, str | int | float], name: str = "run") -> subprocess.Popen:
         """`flwr run APP` with `run_config` (written as TOML), streaming its log to ``NAME.log`` until the run ends."""
         path = self.root / f"{name}.toml"

@@ -91,23 +91,16 @@ def reward_trainer(train: TrainConfig, setup: Setup, test: EncodedPairs) -> Rewa
     return RewardTrainer(setup.model, test, lr=train.lr, epochs=train.local_epochs, batch_size=train.batch_size)
 
 
-def federated_job(cfg: Config, seed: int, own: Sequence[str] | None = None) -> tuple[FedAvg, dict[str, EncodedPairs]]:
-    """FedAvg-LoRA of `seed` as `comparison_part` builds it: the algorithm (its trainer scores the held-out pairs)
-    and the clients' data. `own` names the clients whose data this process holds (a deployed node: its one client,
-    from its partition id; the server: none): each of them, and the held-out set, is then encoded on its own, never
-    with the other clients' pairs, so results agree with the all-clients job (`own` None: one encoding of all pairs,
-    as `comparison_part`) to float rounding only: each encoding pads its batches to its own longest text."""
+
+
+def federated_job(cfg: Config, seed: int) -> tuple[FedAvg, dict[str, EncodedPairs]]:
+    """FedAvg-LoRA of `seed` as `comparison_part` builds it (benchmarks/engine_many.py times it): the algorithm (its
+    trainer scores the held-out pairs) and the clients' encoded pairs."""
     setup = prepare(cfg, [])
     test_idx, train_idx, shares = seed_split(cfg, setup.labels, seed)
-    if own is None:
-        encoded = setup.encode(cfg.data)
-        test, clients = encoded[test_idx], {c: encoded[train_idx[p]] for c, p in shares.items()}
-    else:
-        if unknown := sorted(set(own) - set(shares)):
-            raise ValueError(f"unknown client(s) {unknown}: this job has {', '.join(shares)}")
-        test, clients = setup.encode(cfg.data, test_idx), {c: setup.encode(cfg.data, train_idx[shares[c]]) for c in own}
+    encoded = setup.encode(cfg.data)
+    test, clients = encoded[test_idx], {c: encoded[train_idx[p]] for c, p in shares.items()}
     return FedAvg(reward_trainer(cfg.train, setup, test), server_rule(cfg.aggregation, seed)), clients
-
 
 def comparison_part(cfg: Config, run_dir: RunDir, progress: bool = True) -> Part:
     """FedAvg-LoRA, local-only and centralised over the seeds; writes the ledgers, returns the part."""
