@@ -5,8 +5,9 @@ Reward model: a per-token MLP 128 -> 128 -> 128 (tanh) with LoRA rank 8 on both 
 of each text, frozen scalar head; batch 64 pairs, Adam. Texts of 16 tokens (LoRA on Q/K of a text model acts per
 token) and, as the worst case, of one token (the per-sample factor gather is then not amortised over tokens).
 Goal (issue 17): mixed-user batching <= 1.1x LoRA-global at N = 100 users (an earlier goal was 1.3x).
-Second table: full-batch steps on the §8.1 bilinear problem (rows sorted by user), routed row by row (per-sample
-gather) vs in party blocks (`Blocks`: one batched matmul), for P-ShareLoRA and the full per-user matrices.
+Second table: full-batch steps on the bilinear problem of docs/methods/pshare-lora.md §8.1 (rows sorted by user),
+routed row by row (per-sample gather) vs in party blocks (`Blocks`: one batched matmul), for P-ShareLoRA and the full
+per-user matrices.
 Run: OMP_NUM_THREADS=1 PYTHONPATH=src .venv/bin/python benchmarks/pshare_batching.py
 """
 

@@ -1,5 +1,5 @@
-"""DESIGN.md's layers, read from the source: imports point down only, no import cycles (lazy imports included), no
-method package imports another, and no verdict is decided outside claims.py."""
+"""The layers of docs/architecture.md, read from the source: imports point down only, no import cycles (lazy imports
+included), no method package imports another, and no verdict is decided outside claims.py."""
 
 import ast
 import re

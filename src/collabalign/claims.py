@@ -1,4 +1,4 @@
-"""The one rule that decides every claim of every reproduction (DESIGN.md "Claims").
+"""The one rule that decides every claim of every reproduction (docs/concepts.md "Claims").
 
 A claim is declared before the run that tests it: what it says, which rule decides it, and its margin. Its
 `decide` then takes the measured replicates (one value per seed or run; arms that share seeds are paired) and

@@ -12,8 +12,8 @@ at CPU scale we form them from the real reviews instead:
 - pairs: inside each opening group, the reviews rated >= 4 and those rated <= 2 are each shuffled (seeded) and
   zipped, the higher rating chosen; pairs only cross the sentiment boundary (no 5-vs-4 or 2-vs-1, so a rating tie
   can never occur), each review is used at most once, and a pair whose two responses are identical is dropped;
-- 𝒟^T (spec §5.3, §9.16): every usable review of the domain as an (prompt, response) example, both polarities and
-  both members of each pair included, with no rating or label attached.
+- 𝒟^T (docs/methods/meta-reward.md §5.3, §9.16): every usable review of the domain as an (prompt, response) example,
+  both polarities and both members of each pair included, with no rating or label attached.
 """
 
 from __future__ import annotations

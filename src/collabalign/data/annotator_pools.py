@@ -1,5 +1,5 @@
-"""Item pools for simulated preference annotators (AffPCL spec §8.3): synthetic Gaussian items, and HH-RLHF pairs
-with measurable attributes of each reply.
+"""Item pools for simulated preference annotators (docs/methods/affpcl.md §8.3): synthetic Gaussian items, and HH-RLHF
+pairs with measurable attributes of each reply.
 
 An item is a pair s = (x, y_a, y_b) with features z = phi(x, y_a) - phi(x, y_b) in R^d and K attribute margins
 a(s) = attr(x, y_a) - attr(x, y_b). Per reply y of an HH pair (prompt x, chosen, rejected), three attributes:

@@ -1,7 +1,7 @@
-"""Simulated labelers over measurable text attributes (spec §8.4): labeler i weighs the attribute vector a(x) by
-w_i = M c_i with a shared M (m x 2), c_i = sqrt(rho) c_bar + sqrt(1 - rho) z_i (plus an optional individual tail
-eta * xi_i), and labels a pair o ~ Bernoulli(sigmoid(beta w_i^T (a(x0) - a(x1)))), with beta calibrated from the
-data so that the oracle accuracy E[sigmoid(beta |margin|)] hits a target."""
+"""Simulated labelers over measurable text attributes (docs/methods/pshare-lora.md §8.4): labeler i weighs the attribute
+vector a(x) by w_i = M c_i with a shared M (m x 2), c_i = sqrt(rho) c_bar + sqrt(1 - rho) z_i (plus an optional
+individual tail eta * xi_i), and labels a pair o ~ Bernoulli(sigmoid(beta w_i^T (a(x0) - a(x1)))), with beta calibrated
+from the data so that the oracle accuracy E[sigmoid(beta |margin|)] hits a target."""
 
 from __future__ import annotations
 

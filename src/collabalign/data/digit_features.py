@@ -1,5 +1,5 @@
 """Pre-trained features of scikit-learn's bundled 8x8 digits: the real-data substitute for FEMNIST in AffPCL's Fig. 2
-(spec §5.2, §8.2, §9 item 13).
+(docs/methods/affpcl.md §5.2, §8.2, §9.13).
 
 An MLP with one hidden layer of 84 ReLU units is pre-trained on 40% of the images; its hidden activations, scaled so
 that max ||phi|| = 1, are the shared features phi in R^84 of the other images, split into a training pool and a test

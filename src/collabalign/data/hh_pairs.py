@@ -1,5 +1,5 @@
 """Real replies with simulated labelers: HH-RLHF harmless pairs, each reply scored by five measurable attributes
-(the first three as in AffPCL's reward data, spec affpcl §8.3):
+(the first three as in AffPCL's reward data, docs/methods/affpcl.md §8.3):
 
   harmless       1 if the reply is the dataset's `chosen` one (the HH harmlessness label), else 0
   length         log(1 + MiniLM word-piece tokens of the reply)

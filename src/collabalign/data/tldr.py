@@ -1,9 +1,9 @@
 """Reddit TL;DR comparisons (openai/summarize_from_feedback, subset `comparisons`) and the P-ShareLoRA users.
 
-Rows are read in the Hugging Face schema: `info` {id, post, title, subreddit, article, ...}, `summaries`
-[{text, policy, note}, ...] (two of them), `choice` (0/1: which summary the labeler preferred), `worker`, `batch`,
-`split`, `extra` {confidence}. Users are formed as the paper's code does (spec pshare-lora.md §5): the top workers
-by train count, each downsampled to the smallest of them with HF `Dataset.shuffle(seed)` semantics
+Rows are read in the Hugging Face schema: `info` {id, post, title, subreddit, article, ...}, `summaries` [{text, policy,
+note}, ...] (two of them), `choice` (0/1: which summary the labeler preferred), `worker`, `batch`, `split`, `extra`
+{confidence}. Users are formed as the paper's code does (docs/methods/pshare-lora.md §5): the top workers by train
+count, each downsampled to the smallest of them with HF `Dataset.shuffle(seed)` semantics
 (`np.random.default_rng(seed).permutation`), so the same rows in the same order give the paper's selection.
 """
 

@@ -1,6 +1,6 @@
-"""An offline TL;DR-like preference set (spec §8.4): templated Reddit-style posts, two candidate summaries per post
-from a generator with eight knobs, and the eight attributes measured back FROM THE TEXT (so a labeler's preference
-is a function of what a reward model can read):
+"""An offline TL;DR-like preference set (docs/methods/pshare-lora.md §8.4): templated Reddit-style posts, two candidate
+summaries per post from a generator with eight knobs, and the eight attributes measured back FROM THE TEXT (so a
+labeler's preference is a function of what a reward model can read):
 
   length        log(1 + words in the summary)
   details       how many of the post's detail phrases (DETAILS lexicon: who, what, where, how long, how much) the

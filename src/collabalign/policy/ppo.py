@@ -22,7 +22,7 @@ Weights = Tensor | Callable[[Tensor], Tensor] | None
 
 
 class PPOConfig(Strict):
-    """PPO hyperparameters (TRL's classic defaults; FIRM's spec §3.1)."""
+    """PPO hyperparameters (TRL's classic defaults; docs/methods/firm.md §3.1)."""
 
     clip: float = Field(0.2, gt=0)
     value_clip: float = Field(0.2, gt=0)

@@ -1,4 +1,4 @@
-"""AffPCL reproduction (spec ../shared/specs/affpcl.md §8): Fig. 1 on the Gaussian linear systems at both
+"""AffPCL reproduction (spec docs/methods/affpcl.md §8): Fig. 1 on the Gaussian linear systems at both
 heterogeneity sets the paper states, Remark 1's communication, the theory checks of §7.2 (rate in t, speed-up
 max{1/n, delta}; then items 6-9: central modules, server-side correction, noise alignment, Theorem 2), Fig. 6 (the
 centre agent's free ride), the Fig. 4 / Fig. 5 sweeps, Fig. 2 on the digits substitute for FEMNIST in the paper's

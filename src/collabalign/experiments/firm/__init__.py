@@ -1,4 +1,4 @@
-"""FIRM reproduction (spec ../shared/specs/firm.md §8): R0 the regularised MGDA solvers, R1 the synthetic federated
+"""FIRM reproduction (spec docs/methods/firm.md §8): R0 the regularised MGDA solvers, R1 the synthetic federated
 quadratic (FIRM's β sweep against FedCMOO-A, FedAvg-LS and FMOL, the preference sweep, exact upload bytes), R2 T-FIRM
 with its TD(0) critic on a tabular MOMDP (the theory's structure), R3 toy federated alignment with PPO (RQ1-RQ3 and
 the ablations), then the language-model path: reward models trained on PKU-SafeRLHF (or loaded by name), and FIRM

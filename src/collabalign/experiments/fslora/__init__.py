@@ -1,4 +1,4 @@
-"""FSLoRA reproduction (spec ../shared/specs/fslora.md §8.4): E1 main comparison with the heterogeneous-rank
+"""FSLoRA reproduction (spec docs/methods/fslora.md §8.4): E1 main comparison with the heterogeneous-rank
 baselines (+ FedLoRA at rank r as reference) on the synthetic teacher–student problem, GLUE tasks and commonsense
 reasoning; E6 device and server time; E2–E5 ablations (equal upload budget, sketching ratio, global rank, top-k +
 sketch); the LoRA variants built for averaging at equal upload bytes; the §7.5 theory checks. Every baseline uses the

@@ -1,5 +1,5 @@
 """Reproduction of the meta-learned reward model for out-of-distribution preference learning (spec
-../shared/specs/meta-reward.md §8): Variant A, the log-linear multi-domain contextual bandit (exact gradients and
+docs/methods/meta-reward.md §8): Variant A, the log-linear multi-domain contextual bandit (exact gradients and
 Hessian-vector products, every method and baseline, both β protocols, the β sweep and the hypergradient check), then
 the sentiment task on real Amazon reviews (or the user's preference pairs with a `domain`: `sentiment.data`) with a
 SmolLM2 policy (paper §5.1 at CPU scale). One module per part; each declares its claims before running; seeds are

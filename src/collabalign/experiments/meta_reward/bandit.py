@@ -1,4 +1,4 @@
-"""Variant A of the meta-learned reward model's reproduction (spec ../shared/specs/meta-reward.md §8.1, §8.3): the
+"""Variant A of the meta-learned reward model's reproduction (spec docs/methods/meta-reward.md §8.1, §8.3): the
 log-linear multi-domain contextual bandit, leave-one-domain-out, with ours (Algorithms 1 + 2), SFT, BT+RWR, PPO(TR),
 PPO(TR+TE), DPO, HPL and Oracle RWR. Two β protocols: one shared β for every method that has one, and β tuned per
 method on the training domains' validation pairs. Seeds are the replicates; each cell of an "in every cell" claim is

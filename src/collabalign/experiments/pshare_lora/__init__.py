@@ -1,4 +1,4 @@
-"""P-ShareLoRA reproduction (spec ../shared/specs/pshare-lora.md §8): every method on the §8.1 bilinear preference
+"""P-ShareLoRA reproduction (spec docs/methods/pshare-lora.md §8): every method on the §8.1 bilinear preference
 problem over seeds with the paper's ordering as claims, the §8.2 theory sweeps, and, when enabled, the §8.3
 pessimistic bandit, the federated variant and the §8.4 text reward models."""
 

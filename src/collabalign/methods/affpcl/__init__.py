@@ -1,4 +1,4 @@
-"""AffPCL: personalised collaborative learning with affinity-based variance reduction (spec: ../shared/specs/affpcl.md):
+"""AffPCL: personalised collaborative learning with affinity-based variance reduction (spec: docs/methods/affpcl.md):
 one update rule and its baselines over a small problem interface, and the problems of its experiments (Gaussian
 linear systems, digits users, preference annotators, tabular Markov reward processes and MDPs)."""
 

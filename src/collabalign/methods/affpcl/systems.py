@@ -1,4 +1,4 @@
-"""Gaussian linear systems of the AffPCL paper (spec ../shared/specs/affpcl.md §5.1): a batch of independent
+"""Gaussian linear systems of the AffPCL paper (spec docs/methods/affpcl.md §5.1): a batch of independent
 instances (runs), each with n agents, controllable environment and objective heterogeneity and exact references.
 
 Agent i samples s ~ N(m_i, I_d) and observes A(s) = (I + eps_A s s^T) A_base and b^i(s) = Phi(s) theta^i with

@@ -1,4 +1,4 @@
-"""FIRM: federated in-client regularised multi-objective alignment (spec: ../shared/specs/firm.md). The regularised
+"""FIRM: federated in-client regularised multi-objective alignment (spec: docs/methods/firm.md). The regularised
 MGDA solver every variant shares, the λ rules of FIRM and its baselines (FedCMOO-A, FedAvg-LS, FMOL), and the
 vectorised synthetic problems of the reproduction: the federated quadratic (R1), T-FIRM with its TD(0) critic on a
 tabular MOMDP (R2) and toy federated alignment with PPO (R3); `train_firm`, the entry point on a user's prompts."""

@@ -1,4 +1,4 @@
-"""FSLoRA and the heterogeneous-rank federated LoRA family it is compared with (spec: ../shared/specs/fslora.md):
+"""FSLoRA and the heterogeneous-rank federated LoRA family it is compared with (spec: docs/methods/fslora.md):
 one module per method (sketch.py: FSLoRA; fedlora.py, heterolora.py, flexlora.py, fedstack.py; the LoRA variants
 built for averaging: ffalora.py, fedsa.py, fedex.py), the pieces they share (common.py), their problems
 (problems.py, commonsense.py) and the entry point (entry.py: `train_fslora`)."""

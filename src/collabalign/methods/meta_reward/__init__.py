@@ -1,4 +1,4 @@
-"""The meta-learned reward model (spec: ../shared/specs/meta-reward.md), by module:
+"""The meta-learned reward model (spec: docs/methods/meta-reward.md), by module:
 
 - `bilevel`: the bilevel program for any policy and reward given as functions of their parameters (inner
   reward-weighted regression, reverse-mode hypergradient through the inner loop, finite differences);

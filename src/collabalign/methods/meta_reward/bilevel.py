@@ -1,4 +1,4 @@
-"""The bilevel program of the meta-learned reward model (spec ../shared/specs/meta-reward.md §3.1-3.2), for any
+"""The bilevel program of the meta-learned reward model (spec docs/methods/meta-reward.md §3.1-3.2), for any
 policy and reward model given as functions of their parameters.
 
 Inner loop (Algorithm 1, reconstructed): D steps of gradient ascent θ_{t+1} = θ_t + α ∇_θ F(θ_t, φ; b_t) on the

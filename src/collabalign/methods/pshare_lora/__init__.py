@@ -1,4 +1,4 @@
-"""P-ShareLoRA (spec ../shared/specs/pshare-lora.md): personalised reward models whose LoRA updates share the
+"""P-ShareLoRA (spec docs/methods/pshare-lora.md): personalised reward models whose LoRA updates share the
 up-projection B (column space) with personal down-projections A_i, its G / WU variants and the baselines."""
 
 from collabalign.methods.pshare_lora.entry import PShareLoRAConfig, train_pshare_lora

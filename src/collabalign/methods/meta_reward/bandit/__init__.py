@@ -1,4 +1,4 @@
-"""Variant A of the meta-learned reward model (spec ../shared/specs/meta-reward.md §8.1): a log-linear multi-domain
+"""Variant A of the meta-learned reward model (spec docs/methods/meta-reward.md §8.1): a log-linear multi-domain
 contextual bandit with exact expectations, one module per job:
 
 - `world`: the settings and the generator (r* = u*ᵀs, behaviour μ^T ∝ exp(b_Tᵀ f), features f = [s, q, n] of
