@@ -25,12 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from collabalign import claims
-from collabalign.cli import TRAINERS
 from collabalign.data.amazon_reviews import load_task
 from collabalign.data.glue import load_glue
 from collabalign.data.hh_rlhf import load_hh_rlhf
 from collabalign.data.paths import shared_data_dir
 from collabalign.data.pku_saferlhf import PKU_FILE, load_pku_saferlhf, pku_prompts
+from collabalign.registry import METHODS
 
 CLAIM = claims.superiority("defaults_beat_baseline", "the entry point at its defaults beats its baseline")
 
@@ -100,14 +100,14 @@ CELLS: dict[str, tuple[str, Callable[[Path], list[dict]], dict, str]] = {
 
 def run_cell(cell: str, seed: int, folder: Path) -> dict:
     method, make, fields, _ = CELLS[cell]
-    module_name, config_name, function = TRAINERS[method]
-    module = importlib.import_module(module_name)
+    entry = METHODS[method]
+    module = importlib.import_module(entry.module)
     data = folder / f"{cell}.jsonl"
     if not data.exists():
         _write(data, make(shared_data_dir()))
-    config = getattr(module, config_name)(**fields, seed=seed)
+    config = getattr(module, entry.config)(**fields, seed=seed)
     start = time.perf_counter()
-    result = getattr(module, function)(config, data)
+    result = getattr(module, entry.train)(config, data)
     seconds = time.perf_counter() - start
     keep = {k: v for k, v in result.metrics.items() if k not in ("rounds", "log", "trace")}
     return {"cell": cell, "method": method, "seed": seed, "seconds": round(seconds, 1), "metrics": keep}

@@ -35,24 +35,11 @@ from collabalign.deployment import MAX_NODES
 from collabalign.experiments import EXPERIMENTS
 from collabalign.federation.checkpoint import CheckpointError
 from collabalign.federation.engine import RoundFailed
+from collabalign.registry import METHODS
 from collabalign.report import summarise_reports, write_report
 from collabalign.runs import RunDir, claimed_folder, fingerprint
 
 CONFIG_DIR = Path(__file__).parent / "configs"
-# each method's entry point: (module, config class, train function); the data file's format is the method's
-TRAINERS = {
-    "fedavg-lora": ("collabalign.methods.fedavg_lora", "FedAvgLoRAConfig", "train_fedavg_lora"),
-    "pshare-lora": ("collabalign.methods.pshare_lora.entry", "PShareLoRAConfig", "train_pshare_lora"),
-    "pshare-lora-federated": ("collabalign.methods.pshare_lora.federated_entry", "FederatedPShareLoRAConfig",
-                              "train_pshare_lora_federated"),
-    "meta-reward": ("collabalign.methods.meta_reward.entry", "MetaRewardConfig", "train_meta_reward"),
-    "firm": ("collabalign.methods.firm.entry", "FIRMConfig", "train_firm"),
-    "fslora": ("collabalign.methods.fslora.entry", "FSLoRAConfig", "train_fslora"),
-    "affpcl": ("collabalign.methods.affpcl.entry", "AffPCLConfig", "train_affpcl"),
-    "affpcl-federated": ("collabalign.methods.affpcl.federated_arrays", "FederatedAffPCLConfig",
-                         "train_affpcl_federated"),
-    "fed-tune": ("collabalign.methods.fed_tune", "FedTuneConfig", "train_fed_tune"),
-}
 # one line and exit code 2, never a traceback
 USER_ERRORS = (ArtifactError, CheckpointError, ConfigError, DataError, MessageError, PromptError, ValidationError)
 MAX_ERROR_CHARS = 1000  # an error line is cut to this length
@@ -214,16 +201,16 @@ def train(method: str, data: Path, config: Path | None, overrides: list[str], ou
     """Trains `method` through its entry point on a data file (config from a YAML file and/or overrides) and saves
     the result in `out`, a new or empty folder held for the whole run (`runs.claimed_folder`): a failed run leaves it
     as it was. Returns the manifest's path."""
-    if method not in TRAINERS:
-        raise ConfigError(f"unknown method {short(method)}; known: {', '.join(TRAINERS)}")
-    module_name, config_name, function = TRAINERS[method]
-    module = importlib.import_module(module_name)
+    if method not in METHODS:
+        raise ConfigError(f"unknown method {short(method)}; known: {', '.join(METHODS)}")
+    entry = METHODS[method]
+    module = importlib.import_module(entry.module)
     values = apply_overrides(read_yaml(config) if config is not None else {}, overrides)
-    cfg = validate(getattr(module, config_name), values, str(config or "overrides"))
+    cfg = validate(getattr(module, entry.config), values, str(config or "overrides"))
     check_devices(cfg)
     with claimed_folder(out, "train") as claim:
         try:
-            result = getattr(module, function)(cfg, data, progress=progress)
+            result = getattr(module, entry.train)(cfg, data, progress=progress)
             result.save(out)
         except BaseException:
             claim.discard()
@@ -324,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     p_report.add_argument("run_dir", type=Path)
     sub.add_parser("list", help="list experiments and their configs")
     p_train = sub.add_parser("train", help="train a method on your own data file and save its adapters")
-    p_train.add_argument("method", help=f"one of: {', '.join(TRAINERS)}")
+    p_train.add_argument("method", help=f"one of: {', '.join(METHODS)}")
     p_train.add_argument("overrides", nargs="*", help="config values, e.g. model=smollm2-135m lora.rank=4")
     p_train.add_argument("--data", type=Path, required=True, help="the method's JSONL file (AffPCL: an .npz file)")
     p_train.add_argument("--config", type=Path, help="a YAML file with the method's config")

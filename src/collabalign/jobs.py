@@ -1,7 +1,7 @@
 """Federated jobs by method, from a deployment config: what `collabalign deploy` and the Flower app (`app.py`) run.
 
-A deployment config is a YAML file naming `train` (a federated method: `FEDERATED`), `data` (its data file in the
-method's format, relative to the config's folder; `example` for the shipped example file of that format) and the
+A deployment config is a YAML file naming `train` (a federated method: `registry.FEDERATED`), `data` (its data file
+in the method's format, relative to the config's folder; `example` for the shipped example file of that format) and the
 method's own settings, as `collabalign train METHOD --config` reads them (its `engine` and `aggregation` sections
 included), e.g. configs/deploy/fedavg-lora.yaml. The ServerApp and every ClientApp build the same job from it
 (`build`), so a setting holds on a deployment exactly as in the simulator.
@@ -16,21 +16,9 @@ from typing import Any
 
 from collabalign.config import ConfigError, apply_overrides, read_yaml, short, validate
 from collabalign.federation.job import FederatedJob
+from collabalign.registry import FEDERATED
 
-# method -> (module, config class, job builder, the example file of its data format)
-FEDERATED = {
-    "fedavg-lora": ("collabalign.methods.fedavg_lora", "FedAvgLoRAConfig", "fedavg_lora_job", "pairs"),
-    "fslora": ("collabalign.methods.fslora.entry", "FSLoRAConfig", "fslora_job", "labelled"),
-    "firm": ("collabalign.methods.firm.entry", "FIRMConfig", "firm_job", "prompts"),
-    "pshare-lora-federated": ("collabalign.methods.pshare_lora.federated_entry", "FederatedPShareLoRAConfig",
-                              "pshare_lora_federated_job", "pairs"),
-    "affpcl-federated": ("collabalign.methods.affpcl.federated_arrays", "FederatedAffPCLConfig",
-                         "affpcl_federated_job", "agents"),
-    "fed-tune": ("collabalign.methods.fed_tune", "FedTuneConfig", "fed_tune_job", "pairs"),
-}
 EXAMPLE = "example"  # `data: example`: the shipped example file of the method's format
-# method -> {node config key: the config list it sets at the node's client}: what a SuperNode declares about itself
-NODE_SETTINGS = {"fslora": {"rank": "ranks"}}
 DEFAULT_CONFIG = Path(__file__).parent / "configs" / "deploy" / "fedavg-lora.yaml"  # a run config's config ""
 
 
@@ -54,9 +42,9 @@ def read_spec(path: str | Path, overrides: list[str] = ()) -> JobSpec:
     if not isinstance(data, str) or not data:
         raise ConfigError(f"{path}: data = {short(data)}: must be a data file (relative to the config's folder) or "
                           f"{EXAMPLE!r}")
-    module_name, config_class, _, example = FEDERATED[method]
-    config = validate(getattr(importlib.import_module(module_name), config_class), values, str(path))
-    file = example_file(example) if data == EXAMPLE else (path.parent / data).resolve()
+    entry = FEDERATED[method]
+    config = validate(getattr(importlib.import_module(entry.module), entry.config), values, str(path))
+    file = example_file(entry.data) if data == EXAMPLE else (path.parent / data).resolve()
     if not file.is_file():
         raise ConfigError(f"{path}: data = {short(data)}: no such file ({file})")
     if getattr(config, "lr", None) == "auto":
@@ -86,7 +74,7 @@ def with_node_settings(spec: JobSpec, clients: list[str], declared: dict[str, di
     """The spec with what each client's node declared in its node config (FSLoRA: ``rank``, that device's LoRA rank)
     in place of the config's value for that client. A node config is the node's, for every app it runs: keys the
     method does not take are left to other apps; a bad value is a ConfigError naming the node config."""
-    allowed, lists = NODE_SETTINGS.get(spec.method, {}), {}
+    allowed, lists = FEDERATED[spec.method].node_settings, {}
     for i, cid in enumerate(clients):
         for key, value in declared.get(cid, {}).items():
             if key in allowed:
@@ -103,8 +91,9 @@ def with_node_settings(spec: JobSpec, clients: list[str], declared: dict[str, di
 
 def check_node_settings(spec: JobSpec, declared: dict[int, dict[str, Any]]) -> None:
     """A ConfigError unless every setting nodes are to declare (node index -> key -> value) is one the method takes
-    (`NODE_SETTINGS`) with a value its config accepts: checked before any model loads or process starts."""
-    allowed = NODE_SETTINGS.get(spec.method, {})
+    (`registry.Method.node_settings`) with a value its config accepts: checked before any model loads or process
+    starts."""
+    allowed = FEDERATED[spec.method].node_settings
     for node, settings in declared.items():
         for key in settings:
             if key not in allowed:
@@ -116,8 +105,8 @@ def check_node_settings(spec: JobSpec, declared: dict[int, dict[str, Any]]) -> N
 
 def build(spec: JobSpec) -> FederatedJob:
     """The spec's federated job (loads the model and the data)."""
-    module_name, _, builder, _ = FEDERATED[spec.method]
-    return getattr(importlib.import_module(module_name), builder)(spec.config, spec.data)
+    entry = FEDERATED[spec.method]
+    return getattr(importlib.import_module(entry.module), entry.job)(spec.config, spec.data)
 
 
 def example_file(name: str) -> Path:

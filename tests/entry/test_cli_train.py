@@ -5,8 +5,9 @@ import json
 
 import pytest
 
-from collabalign.cli import TRAINERS, main
+from collabalign.cli import main
 from collabalign.examples import write_examples
+from collabalign.registry import METHODS
 
 TINY = {
     "fedavg-lora": ["model=tiny-llama", "rounds=1", "max_length=32"],
@@ -20,9 +21,6 @@ TINY = {
     "affpcl-federated": ["steps=20"],
     "fed-tune": ["model=tiny-llama", "objective=dpo", "rounds=1", "local_steps=2", "max_response_tokens=8"],
 }
-DATA = {"fedavg-lora": "pairs", "pshare-lora": "pairs", "meta-reward": "pairs", "firm": "prompts",
-        "fslora": "labelled", "affpcl": "agents", "pshare-lora-federated": "pairs", "affpcl-federated": "agents",
-        "fed-tune": "pairs"}
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +28,10 @@ def examples(tmp_path_factory):
     return write_examples(tmp_path_factory.mktemp("examples"))
 
 
-@pytest.mark.parametrize("method", list(TRAINERS))
+@pytest.mark.parametrize("method", list(METHODS))
 def test_train_saves_a_run(method, examples, tmp_path):
     out = tmp_path / "run"
-    assert main(["train", method, *TINY[method], "--data", str(examples[DATA[method]]), "--out", str(out),
+    assert main(["train", method, *TINY[method], "--data", str(examples[METHODS[method].data]), "--out", str(out),
                  "--no-progress"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["method"] in (method, "fslora", "fed-dpo") and manifest["data_hash"]
