@@ -36,11 +36,12 @@ import torch
 from timing import compare
 
 from collabalign.comm import Message
+from collabalign.experiments.fslora.teacher_student import teacher_student
 from collabalign.federation.protocol import ClientContext
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import FedStackLoRA, FlexLoRA, device_ranks, fslora, heterolora
 from collabalign.methods.fslora.common import head_of
-from collabalign.methods.fslora.problems import LocalSGD, TorchLoRAProblem, teacher_student
+from collabalign.methods.fslora.problems import LocalSGD, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 DIM, CLASSES, RANK = 512, 10, 256
@@ -190,7 +191,7 @@ def real_model(blocks: int = 6, sgd: LocalSGD | None = None, precision: str = "f
     top `blocks` blocks, SST-2 sentences cut at 48 tokens, the main config's H = 8 steps of batch 16, matrix products
     in `precision`."""
     from collabalign.data.paths import shared_data_dir
-    from collabalign.methods.fslora.problems import GlueSetup, glue_problem
+    from collabalign.methods.fslora.glue import GlueSetup, glue_problem
     from collabalign.models.backbones import minilm_l6
 
     setup = GlueSetup(rank=32, sgd=sgd or LocalSGD(8, 0.01, 16), max_train=512, max_length=48, lora_blocks=blocks,

@@ -172,7 +172,7 @@ def test_min_words_leaves_sst2_phrases_out_of_training_and_pairs_get_their_own_l
         pytest.skip("../shared/data not found")
     from dataclasses import replace
 
-    from collabalign.methods.fslora.problems import glue_problem
+    from collabalign.methods.fslora.glue import glue_problem
     from collabalign.seeding import Seeds
 
     cfg = load_config(config_path("fslora", quick=True), [*GLUE_TOY[:-1], "glue.min_words={SST-2: 10}",

@@ -3,9 +3,10 @@
 import torch
 
 from collabalign.data import dirichlet
+from collabalign.experiments.fslora.teacher_student import teacher_student
 from collabalign.lora import inject_lora
 from collabalign.methods.fslora import device_ranks
-from collabalign.methods.fslora.problems import LocalSGD, TorchLoRAProblem, teacher_student
+from collabalign.methods.fslora.problems import LocalSGD, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 RANK = 8

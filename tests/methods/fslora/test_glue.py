@@ -8,7 +8,8 @@ from torch import nn
 from collabalign.data import shared_data_dir
 from collabalign.federation import simulate
 from collabalign.methods.fslora import device_ranks, fslora
-from collabalign.methods.fslora.problems import PRECISIONS, GlueSetup, LocalSGD, check_precision, glue_problem
+from collabalign.methods.fslora.glue import GlueSetup, glue_problem
+from collabalign.methods.fslora.problems import PRECISIONS, LocalSGD, check_precision
 from collabalign.models.backbones import minilm_l6
 from collabalign.seeding import Seeds
 

@@ -5,7 +5,8 @@ from transformers import AutoTokenizer, BertConfig, BertModel
 
 from collabalign.federation import simulate
 from collabalign.methods.fslora import device_ranks, fslora
-from collabalign.methods.fslora.problems import GlueSetup, LocalSGD, glue_problem
+from collabalign.methods.fslora.glue import GlueSetup, glue_problem
+from collabalign.methods.fslora.problems import LocalSGD
 from collabalign.models.backbones import MINILM_PACKAGE, Backbone, package_dir
 from collabalign.seeding import Seeds
 from tests.data.helpers import MNLI_HEAD, mnli_row, write

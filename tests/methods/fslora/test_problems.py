@@ -5,8 +5,9 @@ import pytest
 import torch
 from torch import nn
 
+from collabalign.experiments.fslora.teacher_student import teacher_student
 from collabalign.lora import inject_lora
-from collabalign.methods.fslora.problems import ClassificationData, LocalSGD, TorchLoRAProblem, teacher_student
+from collabalign.methods.fslora.problems import ClassificationData, LocalSGD, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 HEAD = ["head.weight", "head.bias"]

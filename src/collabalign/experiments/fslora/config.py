@@ -9,7 +9,8 @@ from pydantic import Field, NonNegativeInt, PositiveFloat, PositiveInt, model_va
 from collabalign.config import Distinct, Fraction, Grid, Strict, validate
 from collabalign.federation.engine import EngineOptions
 from collabalign.methods.fslora.commonsense import CommonsenseSetup
-from collabalign.methods.fslora.problems import GlueSetup, LocalSGD
+from collabalign.methods.fslora.glue import GlueSetup
+from collabalign.methods.fslora.problems import LocalSGD
 
 Momentum = Annotated[float, Field(ge=0, lt=1)]  # SGD momentum: 0 plain SGD, below 1
 

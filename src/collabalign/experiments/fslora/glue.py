@@ -26,7 +26,8 @@ from collabalign.experiments.fslora.labelled import jsonl_problem
 from collabalign.experiments.fslora.runner import METHODS, Arm, Runner, devices, federation_settings, score
 from collabalign.experiments.fslora.scores import E1Scores
 from collabalign.federation.engine import RoundFailed
-from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, glue_problem
+from collabalign.methods.fslora.glue import glue_problem
+from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem
 from collabalign.models.backbones import load_backbone
 from collabalign.runs import fingerprint
 from collabalign.seeding import Seeds

@@ -11,7 +11,8 @@ import torch
 from collabalign.data.errors import DataError
 from collabalign.data.formats import load_labelled
 from collabalign.experiments.fslora.config import LabelledJsonl
-from collabalign.methods.fslora.problems import ClassificationData, GlueSetup, TorchLoRAProblem
+from collabalign.methods.fslora.glue import GlueSetup
+from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem
 from collabalign.models.backbones import Backbone
 from collabalign.models.cached import CachedModel, cache_texts, lora_top_blocks
 from collabalign.models.pooled import PooledModel

@@ -14,6 +14,7 @@ import torch
 
 from collabalign.data import dirichlet
 from collabalign.experiments.fslora.config import Config, FederationConfig, SyntheticConfig
+from collabalign.experiments.fslora.teacher_student import teacher_student
 from collabalign.federation import Algorithm, SimulationResult, simulate
 from collabalign.federation.engine import EngineOptions, RoundFailed
 from collabalign.lora import inject_lora
@@ -30,7 +31,7 @@ from collabalign.methods.fslora import (
     heterolora,
 )
 from collabalign.methods.fslora.common import head_of
-from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem, teacher_student
+from collabalign.methods.fslora.problems import ClassificationData, TorchLoRAProblem
 from collabalign.runs import cached_json, fingerprint
 from collabalign.seeding import Seeds
 

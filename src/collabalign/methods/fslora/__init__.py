@@ -1,7 +1,8 @@
 """FSLoRA and the heterogeneous-rank federated LoRA family it is compared with (spec: docs/methods/fslora.md):
 one module per method (sketch.py: FSLoRA; fedlora.py, heterolora.py, flexlora.py, fedstack.py; the LoRA variants
-built for averaging: ffalora.py, fedsa.py, fedex.py), the pieces they share (common.py), their problems
-(problems.py, commonsense.py) and the entry point (entry.py: `train_fslora`)."""
+built for averaging: ffalora.py, fedsa.py, fedex.py), the pieces they share (common.py; local_steps.py, the client
+side), what a device trains (problems.py) on GLUE (glue.py) or commonsense QA (commonsense.py), and the entry point
+(entry.py: `train_fslora`). The synthetic teacher-student problem is the reproduction's (experiments/fslora)."""
 
 from collabalign.methods.fslora.common import PAPER_RATIOS, ServerAdam, ServerRule, device_ranks, lora_scale
 from collabalign.methods.fslora.entry import FSLoRAConfig, train_fslora

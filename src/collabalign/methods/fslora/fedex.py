@@ -13,7 +13,8 @@ from collabalign.comm import Message, Params
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext
 from collabalign.methods.fslora.common import head_arrays, head_of, lora_scale, mean_head
-from collabalign.methods.fslora.problems import Factors, LocalJob, LocalSteps, TorchLoRAProblem
+from collabalign.methods.fslora.local_steps import LocalSteps
+from collabalign.methods.fslora.problems import Factors, LocalJob, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 State = dict[str, np.ndarray]

@@ -13,7 +13,8 @@ from collabalign.comm import Message
 from collabalign.federation.engine import ReplySpec
 from collabalign.federation.protocol import ClientContext, evaluate_per_client, mean_min_max
 from collabalign.methods.fslora.common import ServerStep, head_arrays, head_of, lora_scale, mean_head
-from collabalign.methods.fslora.problems import LocalJob, LocalSteps, TorchLoRAProblem
+from collabalign.methods.fslora.local_steps import LocalSteps
+from collabalign.methods.fslora.problems import LocalJob, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 State = dict[str, np.ndarray]

@@ -12,12 +12,10 @@ Classification (integer labels) trains with cross-entropy; regression (float lab
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -26,13 +24,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from collabalign.comm import Params
-from collabalign.data.glue import glue_metric, pearson_corr
-from collabalign.data.hub import load_glue_any
+from collabalign.data.glue import pearson_corr
 from collabalign.lora.inject import lora_layers
 from collabalign.lora.stacked import route, routing, stacked
-from collabalign.models.backbones import Backbone
-from collabalign.models.cached import CachedModel, cache_texts, lora_top_blocks
-from collabalign.models.pooled import PooledModel
 from collabalign.seeding import Seeds
 
 Factors = dict[str, tuple[np.ndarray, np.ndarray]]  # layer -> (B (m, k), A (k, n))
@@ -336,28 +330,6 @@ class TorchLoRAProblem:
         return out
 
 
-class LocalSteps:
-    """The client side of an algorithm whose update is one `problem.local_train` between `local_job(message,
-    client)` and `reply(message, job, trained, head)`: `client_update` runs one device, `client_update_many` (the
-    engine's batched hook) runs every sampled device in one computation (`TorchLoRAProblem.local_train_many`)."""
-
-    problem: TorchLoRAProblem
-
-    def local_job(self, message, client) -> LocalJob: ...
-
-    def reply(self, message, job: LocalJob, trained: Factors, head: Params): ...
-
-    def client_update(self, message, client):
-        job = self.local_job(message, client)
-        return self.reply(message, job, *self.problem.local_train(*job))
-
-    def client_update_many(self, messages: dict, clients: dict) -> dict:
-        jobs = {cid: self.local_job(message, clients[cid]) for cid, message in messages.items()}
-        trained = self.problem.local_train_many(list(jobs.values()))
-        return {cid: self.reply(messages[cid], job, *out) for (cid, job), out in zip(jobs.items(), trained,
-                                                                                      strict=True)}
-
-
 def _same_base(jobs: Sequence[LocalJob]) -> bool:
     """Whether every job trains on the same dense base (None, or equal arrays per layer)."""
     first = jobs[0].base
@@ -370,98 +342,3 @@ def _same_base(jobs: Sequence[LocalJob]) -> bool:
 
 def _array(t: Tensor) -> np.ndarray:
     return t.detach().cpu().numpy().copy()
-
-
-class TeacherStudentMLP(nn.Module):
-    """x -> head(tanh(hidden(x))): the §8.2 synthetic problem, with LoRA on `hidden`."""
-
-    def __init__(self, dim: int, classes: int):
-        super().__init__()
-        self.hidden = nn.Linear(dim, dim)
-        self.head = nn.Linear(dim, classes)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.head(torch.tanh(self.hidden(x)))
-
-
-def teacher_student(seeds: Seeds, n_train: int, n_test: int, dim: int = 64, classes: int = 10,
-                    update_rank: int = 24, gumbel: float = 0.5) -> tuple[TeacherStudentMLP, ClassificationData,
-                                                                          ClassificationData]:
-    """A 'pretrained' student (W0, head) and labels from a teacher with W0 + a rank-`update_rank` update.
-
-    Labels are argmax(teacher logits + gumbel * Gumbel noise); x ~ N(0, I). Returns (student, train, test).
-    """
-    gen = seeds.torch("teacher-student")
-    student = TeacherStudentMLP(dim, classes)
-    with torch.no_grad():
-        student.hidden.weight.copy_(torch.randn(dim, dim, generator=gen) / math.sqrt(dim))
-        student.hidden.bias.zero_()
-        student.head.weight.copy_(torch.randn(classes, dim, generator=gen))  # logits ~ N(0, ~dim/3) >> Gumbel
-        student.head.bias.zero_()
-        teacher = TeacherStudentMLP(dim, classes)
-        teacher.load_state_dict(student.state_dict())
-        update = torch.randn(dim, update_rank, generator=gen) @ torch.randn(update_rank, dim, generator=gen)
-        teacher.hidden.weight += update / math.sqrt(dim * update_rank)  # entries ~ N(0, 1/dim), like W0
-        x = torch.randn(n_train + n_test, dim, generator=gen)
-        noise = -torch.log(-torch.log(torch.rand(len(x), classes, generator=gen).clamp_min(1e-12)))
-        y = (teacher(x) + gumbel * noise).argmax(-1)
-    data = ClassificationData(x, y)
-    return student, data[:n_train], data[n_train:]
-
-
-@dataclass(frozen=True)
-class GlueSetup:
-    """A GLUE task as a LoRA problem: LoRA of global rank `rank` on `targets` of the top `lora_blocks` blocks,
-    `max_train` training examples, `max_test` dev rows (a seeded subset; all when None), texts cut at `max_length`
-    tokens, LoRA dropout `dropout` (the backbone's own dropout stays off)."""
-
-    rank: int
-    sgd: LocalSGD
-    max_train: int
-    max_length: int = 64
-    lora_blocks: int = 1
-    targets: Sequence[str] = ("query", "value")
-    max_test: int | None = None
-    device: str = "cpu"
-    dropout: float = 0.0
-    pair_max_length: int | None = None  # text pairs cut at this many tokens instead (None: max_length)
-    segments: bool = False  # text pairs with segment ids (the second text is segment 1)
-    min_words: int = 0  # training texts (single-text tasks) with fewer words are left out: SST-2's phrases
-    precision: str = "float32"  # bfloat16: the LoRA blocks' and head's matrix products under autocast (PRECISIONS)
-
-    def length(self, pairs: bool) -> int:
-        """Tokens a text (or, with `pairs`, a text pair) is cut at."""
-        return (self.pair_max_length or self.max_length) if pairs else self.max_length
-
-
-def glue_problem(task: str, root: Path | None, backbone: Backbone, setup: GlueSetup,
-                 seeds: Seeds) -> tuple[TorchLoRAProblem, ClassificationData]:
-    """A GLUE task (root/<task>/ tsv files, else the hub: load_glue_any) as a LoRA problem with one output per
-    class (one score, trained as a regression, for STS-B): `max_train` training examples (a seeded subset of the
-    train split when it is larger), the dev split (`max_test` of its rows, seeded, if given) as the test set, LoRA on
-    an eval-mode copy of the backbone, a fresh linear head on mean-pooled states; returns (problem, training data)."""
-    train_set, dev_set = load_glue_any(task, "train", root), load_glue_any(task, "dev", root)
-    if setup.max_test is not None and setup.max_test < len(dev_set.labels):  # a seeded subset: dev files are sorted
-        rows = np.sort(seeds.numpy("glue-dev-subset", task).permutation(len(dev_set.labels))[:setup.max_test])
-        dev_set = replace(dev_set, text_a=[dev_set.text_a[i] for i in rows], labels=dev_set.labels[rows],
-                          text_b=None if dev_set.text_b is None else [dev_set.text_b[i] for i in rows])
-    usable = np.arange(len(train_set))
-    if setup.min_words and train_set.text_b is None:
-        usable = np.array([i for i, t in enumerate(train_set.text_a) if len(t.split()) >= setup.min_words])
-    keep = np.sort(usable[seeds.numpy("glue-subset", task).permutation(len(usable))[:setup.max_train]])
-    pick = (lambda xs, rows: [xs[i] for i in rows])
-    text_a = pick(train_set.text_a, keep) + dev_set.text_a
-    text_b = pick(train_set.text_b, keep) + dev_set.text_b if train_set.text_b is not None else None
-    pooled = PooledModel(copy.deepcopy(backbone.model).eval(), backbone.causal, train_set.num_labels)  # caller's stays
-    split = lora_top_blocks(pooled, setup.lora_blocks, setup.targets, setup.rank, dropout=setup.dropout)
-    cache = cache_texts(pooled, backbone.tokenizer, text_a, setup.length(text_b is not None), split, text_b,
-                        truncation_side="right", segments=setup.segments)
-    model = CachedModel(pooled.to(setup.device), cache)
-    labels = torch.from_numpy(np.concatenate([train_set.labels[keep], dev_set.labels]))
-    rows = torch.arange(len(labels))
-    data = ClassificationData(rows, labels)
-    test = data[len(keep):]
-    metric = None if dev_set.metric == "accuracy" else (dev_set.metric, lambda p, y: glue_metric(task, p, y))
-    problem = TorchLoRAProblem(model, ["pooled.head.weight", "pooled.head.bias"], test, setup.sgd, metric,
-                               device=setup.device, precision=setup.precision)
-    return problem, data[: len(keep)]

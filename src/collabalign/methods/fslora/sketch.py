@@ -24,7 +24,8 @@ from collabalign.methods.fslora.common import (
     mean_head,
     scatter_mean,
 )
-from collabalign.methods.fslora.problems import Factors, LocalJob, LocalSteps, TorchLoRAProblem
+from collabalign.methods.fslora.local_steps import LocalSteps
+from collabalign.methods.fslora.problems import Factors, LocalJob, TorchLoRAProblem
 from collabalign.seeding import Seeds
 
 State = dict[str, np.ndarray]
