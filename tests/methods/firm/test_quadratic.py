@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from collabalign.comm import Message
-from collabalign.methods.firm.quadratic import Quadratic, Setting, simulate
+from collabalign.experiments.firm.problems.quadratic import Quadratic, Setting, simulate
 from collabalign.methods.firm.rules import Rule, Traffic, disagreement, dispersion, stationarity
 
 SMALL = Setting(rounds=6, local_steps=3, sigma=2.0)

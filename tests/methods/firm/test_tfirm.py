@@ -4,7 +4,7 @@ chain's stationary law, the critic converging to V^π, the actor's TD estimate o
 import numpy as np
 import pytest
 
-from collabalign.methods.firm.tfirm import (
+from collabalign.experiments.firm.problems.tfirm import (
     MOMDP,
     Critic,
     Setting,

@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
+from collabalign.experiments.firm.problems.toy import Arm, Setting, Toy, log_softmax, prompt_mix, simulate
+from collabalign.experiments.firm.problems.toy_world import ToySizes, World, response_rewards, rewards
 from collabalign.methods.firm.rules import Rule
-from collabalign.methods.firm.toy import Arm, Setting, Toy, log_softmax, prompt_mix, simulate
-from collabalign.methods.firm.toy_world import ToySizes, World, response_rewards, rewards
 
 SMALL = Setting(clients=2, rounds=2, local_batches=2, batch=8, minibatch=4, epochs=2, kl="fixed", kl_coef=0.05)
 SIZES = ToySizes()

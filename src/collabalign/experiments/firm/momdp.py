@@ -13,7 +13,7 @@ from collabalign.claims import tagged
 from collabalign.config import Fraction, Grid, Strict
 from collabalign.experiments.firm import plots
 from collabalign.experiments.firm.common import summary
-from collabalign.methods.firm.tfirm import MOMDP, Critic, Setting, Variant, critic_errors, simulate
+from collabalign.experiments.firm.problems.tfirm import MOMDP, Critic, Setting, Variant, critic_errors, simulate
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 

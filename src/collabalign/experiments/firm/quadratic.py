@@ -15,7 +15,7 @@ from collabalign.claims import tagged
 from collabalign.config import Distinct, Grid, Probability, Strict
 from collabalign.experiments.firm import plots
 from collabalign.experiments.firm.common import last_mean, preference, summary
-from collabalign.methods.firm.quadratic import Quadratic, Setting, simulate
+from collabalign.experiments.firm.problems.quadratic import Quadratic, Setting, simulate
 from collabalign.methods.firm.rules import Rule, Traffic
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds

@@ -16,9 +16,9 @@ from collabalign.claims import tagged
 from collabalign.config import Grid, Strict
 from collabalign.experiments.firm import plots
 from collabalign.experiments.firm.common import preference, summary
+from collabalign.experiments.firm.problems.toy import Arm, Setting, simulate
+from collabalign.experiments.firm.problems.toy_world import ToySizes, World
 from collabalign.methods.firm.rules import Rule
-from collabalign.methods.firm.toy import Arm, Setting, simulate
-from collabalign.methods.firm.toy_world import ToySizes, World
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 

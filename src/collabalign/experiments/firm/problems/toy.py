@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from collabalign.data.partition import dirichlet, iid
+from collabalign.experiments.firm.problems.toy_world import M, World, expectation_subscripts, response_rewards, rewards
 from collabalign.methods.firm.rules import Rule, disagreement, dispersion, server_weights
 from collabalign.methods.firm.solver import gram, normalise, penalty, qp
-from collabalign.methods.firm.toy_world import M, World, expectation_subscripts, response_rewards, rewards
 
 SCALE = 2.0  # the LoRA analogue's scale: z = W_0 φ + SCALE · B (A φ)
 
