@@ -17,9 +17,9 @@ import torch
 from timing import compare
 from torch import nn
 
+from collabalign.experiments.pshare_lora.problems.synthetic import ProblemConfig, generate, model_for
 from collabalign.lora import inject_lora, lora_layers, routed
 from collabalign.methods.pshare_lora import Prefs, configure, pair_loss, prepare
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, generate, model_for
 from collabalign.models.reward import bt_loss
 
 DIM, HIDDEN, RANK, PAIRS, BATCH = 128, 128, 8, 512, 64

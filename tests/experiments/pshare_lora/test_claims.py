@@ -7,8 +7,8 @@ import pytest
 from collabalign.experiments.pshare_lora import bandit, ordering, sweeps
 from collabalign.experiments.pshare_lora.config import FederatedConfig
 from collabalign.experiments.pshare_lora.federated import claims_for
+from collabalign.experiments.pshare_lora.problems.synthetic import ProblemConfig
 from collabalign.experiments.pshare_lora.text import LEARNED_BEYOND_FEATURES, LEARNED_PERSONAL, learned_claim
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig
 
 SI = [0.70, 0.72, 0.71, 0.73, 0.69]
 NOISE = np.array([0.001, -0.002, 0.0, 0.002, -0.001])

@@ -12,8 +12,8 @@ from collabalign.experiments.pshare_lora.bandit import bandit_part, summarise
 from collabalign.experiments.pshare_lora.config import BanditConfig, FederatedConfig, TextConfig
 from collabalign.experiments.pshare_lora.federated import federated_part
 from collabalign.experiments.pshare_lora.ordering import CLAIMS
+from collabalign.experiments.pshare_lora.problems.synthetic import ProblemConfig, TrainConfig
 from collabalign.experiments.pshare_lora.text import LEARNED, LEARNED_BEYOND_FEATURES, LEARNED_PERSONAL, text_part
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
 from collabalign.runs import RunDir
 from tests.data.helpers import write_hh
 from tests.experiments.plots import unrendered

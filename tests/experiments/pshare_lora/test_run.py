@@ -13,7 +13,7 @@ from collabalign.cli import config_path, main
 from collabalign.experiments.pshare_lora import Config, bandit, federated, ordering, sweeps, text
 from collabalign.experiments.pshare_lora import fits as fits_module
 from collabalign.experiments.pshare_lora.fits import fit, jobs
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig
+from collabalign.experiments.pshare_lora.problems.synthetic import ProblemConfig, TrainConfig
 from collabalign.runs import RunDir
 
 QUICK = str(config_path("pshare-lora", quick=True))

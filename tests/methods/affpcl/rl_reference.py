@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from collabalign.methods.affpcl.sarsa import TabularMDPs
-from collabalign.methods.affpcl.td import TabularChains
+from collabalign.experiments.affpcl.problems.sarsa import TabularMDPs
+from collabalign.experiments.affpcl.problems.td import TabularChains
 
 
 def _draw(cum: np.ndarray, u: float) -> int:

@@ -5,8 +5,8 @@ import numpy as np
 import pytest
 
 from collabalign.data.digit_features import DigitFeatures
+from collabalign.experiments.affpcl.problems.digits import DigitsUsers
 from collabalign.methods.affpcl import IL, AffPCL, LocalAffPCL, LocalFedAvg, OneStepFedAvg, run
-from collabalign.methods.affpcl.digits import DigitsUsers
 
 
 @pytest.fixture(scope="module")

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from collabalign.experiments.affpcl.problems.misaligned import MisalignedSystems, SignBatch
 from collabalign.methods.affpcl import IL, AffPCL, run
-from collabalign.methods.affpcl.misaligned import MisalignedSystems, SignBatch
 
 
 def test_solutions_zero_the_mean_direction_and_nu_grows_with_kappa():

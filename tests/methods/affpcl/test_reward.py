@@ -9,10 +9,10 @@ from scipy.special import expit
 
 from collabalign.data import shared_data_dir
 from collabalign.data.annotator_pools import APOLOGY_WORDS, last_human_turn, pair_attributes, synthetic_pool
+from collabalign.experiments.affpcl.problems.annotators import Annotators, RewardTask, plugin_ratio
 from collabalign.experiments.affpcl.reward import RewardConfig, part
 from collabalign.experiments.affpcl.reward_tables import reward_table
 from collabalign.methods.affpcl import IL, AffPCL, Ditto, OneStepFedAvg, run
-from collabalign.methods.affpcl.annotators import Annotators, RewardTask, plugin_ratio
 from collabalign.runs import RunDir
 from collabalign.seeding import Seeds
 

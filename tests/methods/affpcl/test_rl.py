@@ -4,10 +4,10 @@ TD and SARSA problems against the per-agent loops."""
 import numpy as np
 import pytest
 
+from collabalign.experiments.affpcl.problems.rl import categorical
+from collabalign.experiments.affpcl.problems.sarsa import TabularMDPs
+from collabalign.experiments.affpcl.problems.td import TabularChains
 from collabalign.methods.affpcl import IL, AffPCL, OneStepFedAvg, run
-from collabalign.methods.affpcl.rl import categorical
-from collabalign.methods.affpcl.sarsa import TabularMDPs
-from collabalign.methods.affpcl.td import TabularChains
 
 from .rl_reference import reference_sarsa, reference_td
 

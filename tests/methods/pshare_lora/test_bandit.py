@@ -4,7 +4,7 @@ generator."""
 import pytest
 import torch
 
-from collabalign.methods.pshare_lora.bandit import (
+from collabalign.experiments.pshare_lora.problems.bandit import (
     bandit_pairs,
     feature_shift,
     first_pairs,
@@ -16,7 +16,7 @@ from collabalign.methods.pshare_lora.bandit import (
     theory_zeta,
     value_gap,
 )
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, generate, true_reward
+from collabalign.experiments.pshare_lora.problems.synthetic import ProblemConfig, generate, true_reward
 
 
 def random_setup(d1=32, d2=8, prompts=20, candidates=10, problems=6, scale=2.0, seed=0):

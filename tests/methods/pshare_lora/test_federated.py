@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from collabalign.comm import Message
+from collabalign.experiments.pshare_lora.problems.synthetic import ProblemConfig, evaluate, generate, model_for
 from collabalign.federation import simulate
 from collabalign.federation.engine import reply_spec
 from collabalign.federation.protocol import ClientContext
@@ -23,7 +24,6 @@ from collabalign.methods.pshare_lora.federated import (
     user_data,
 )
 from collabalign.methods.pshare_lora.local_trainer import LocalSteps, RoutedLoRA
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, evaluate, generate, model_for
 from collabalign.methods.pshare_lora.train import Prefs
 from collabalign.seeding import Seeds
 

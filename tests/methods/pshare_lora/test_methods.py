@@ -6,9 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from collabalign.lora import lora_layers, routed
-from collabalign.methods.pshare_lora import configure, pair_loss, prepare, project_, schedule, train, user_deltas
-from collabalign.methods.pshare_lora.synthetic import (
+from collabalign.experiments.pshare_lora.problems.synthetic import (
     ProblemConfig,
     RepresentationNet,
     TrainConfig,
@@ -19,6 +17,8 @@ from collabalign.methods.pshare_lora.synthetic import (
     representation_model,
     true_reward,
 )
+from collabalign.lora import lora_layers, routed
+from collabalign.methods.pshare_lora import configure, pair_loss, prepare, project_, schedule, train, user_deltas
 
 SMALL = ProblemConfig(d1=6, d2=4, users=3, k=2, n_train=5, n_test=50)
 

@@ -5,8 +5,8 @@ import pytest
 import torch
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
+from collabalign.experiments.pshare_lora.problems.synthetic import ProblemConfig, generate, model_for
 from collabalign.methods.pshare_lora import prepare, schedule, train
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, generate, model_for
 
 SMALL = ProblemConfig(d1=6, d2=4, users=3, k=2, n_train=5, n_test=5)
 LR = 0.03

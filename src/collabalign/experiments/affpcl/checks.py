@@ -11,9 +11,9 @@ from pydantic import NonNegativeFloat, PositiveFloat, PositiveInt
 from collabalign import claims
 from collabalign.claims import tagged
 from collabalign.config import Grid, Strict
+from collabalign.experiments.affpcl.problems.misaligned import MisalignedSystems
 from collabalign.experiments.affpcl.shared import LOWER, last_mse
 from collabalign.methods.affpcl import IL, AffPCL, GaussianSystems, OneStepFedAvg, noise_alignment, run
-from collabalign.methods.affpcl.misaligned import MisalignedSystems
 from collabalign.methods.affpcl.systems import GaussianBatch
 from collabalign.runs import Part
 from collabalign.seeding import Seeds

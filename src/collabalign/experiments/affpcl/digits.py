@@ -18,9 +18,9 @@ from collabalign.claims import tagged
 from collabalign.config import Grid, Probability, Strict
 from collabalign.data.digit_features import DigitFeatures, digit_features
 from collabalign.experiments.affpcl import plots
+from collabalign.experiments.affpcl.problems.digits import DigitsUsers
 from collabalign.experiments.affpcl.shared import LOWER, MATCH, bands, summary
 from collabalign.methods.affpcl import IL, AffPCL, Ditto, FineTune, LocalAffPCL, LocalFedAvg, OneStepFedAvg, PFedMe, run
-from collabalign.methods.affpcl.digits import DigitsUsers
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 

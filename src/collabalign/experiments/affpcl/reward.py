@@ -17,10 +17,10 @@ from collabalign.config import Grid, Strict
 from collabalign.data import shared_data_dir
 from collabalign.data.annotator_pools import Pool, synthetic_pool
 from collabalign.data.hh_rlhf import HH_FILE
+from collabalign.experiments.affpcl.problems.annotators import Annotators, RewardTask
 from collabalign.experiments.affpcl.reward_pools import minilm_hh_pool
 from collabalign.experiments.affpcl.reward_tables import LABELS, mean_over_n, note, reward_table, table_cells
 from collabalign.methods.affpcl import IL, AffPCL, Ditto, FineTune, OneStepFedAvg, run
-from collabalign.methods.affpcl.annotators import Annotators, RewardTask
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 

@@ -12,10 +12,10 @@ from collabalign import claims
 from collabalign.claims import tagged
 from collabalign.config import Fraction, Grid, Strict
 from collabalign.experiments.affpcl import plots
+from collabalign.experiments.affpcl.problems.sarsa import TabularMDPs
+from collabalign.experiments.affpcl.problems.td import TabularChains
 from collabalign.experiments.affpcl.shared import MATCH, bands, summary
 from collabalign.methods.affpcl import IL, AffPCL, OneStepFedAvg, run
-from collabalign.methods.affpcl.sarsa import TabularMDPs
-from collabalign.methods.affpcl.td import TabularChains
 from collabalign.runs import Part, RunDir
 from collabalign.seeding import Seeds
 

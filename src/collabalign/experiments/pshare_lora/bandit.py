@@ -16,8 +16,7 @@ from torch import Tensor
 from collabalign.claims import Claim, not_run, slopes, superiority
 from collabalign.experiments.pshare_lora.config import BanditConfig, Config, Zeta
 from collabalign.experiments.pshare_lora.plots import bandit_plots
-from collabalign.methods.pshare_lora import LABELS, Prefs
-from collabalign.methods.pshare_lora.bandit import (
+from collabalign.experiments.pshare_lora.problems.bandit import (
     Bandit,
     bandit_pairs,
     first_pairs,
@@ -27,7 +26,7 @@ from collabalign.methods.pshare_lora.bandit import (
     theory_zeta,
     value_gap,
 )
-from collabalign.methods.pshare_lora.synthetic import (
+from collabalign.experiments.pshare_lora.problems.synthetic import (
     ProblemConfig,
     TrainConfig,
     Truth,
@@ -35,6 +34,7 @@ from collabalign.methods.pshare_lora.synthetic import (
     fit_model,
     generate,
 )
+from collabalign.methods.pshare_lora import LABELS, Prefs
 from collabalign.runs import Part, RunDir, cached_json, fingerprint
 from collabalign.seeding import Seeds
 

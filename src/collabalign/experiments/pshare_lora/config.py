@@ -16,9 +16,9 @@ from pydantic import (
 )
 
 from collabalign.config import Distinct, Fraction, Grid, Probability, Strict
+from collabalign.experiments.pshare_lora.problems.synthetic import SYNTHETIC_METHODS, ProblemConfig, TrainConfig
 from collabalign.federation.engine import EngineOptions
 from collabalign.methods.pshare_lora import METHODS, VARIANTS
-from collabalign.methods.pshare_lora.synthetic import SYNTHETIC_METHODS, ProblemConfig, TrainConfig
 from collabalign.methods.pshare_lora.text import TextTraining
 
 Zeta = NonNegativeFloat | Literal["theory", "oracle"]

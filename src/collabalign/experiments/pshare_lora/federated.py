@@ -18,6 +18,15 @@ from collabalign.claims import equivalence, exact, not_run, superiority
 from collabalign.comm import Ledger, Message
 from collabalign.experiments.pshare_lora.config import Config, FederatedConfig
 from collabalign.experiments.pshare_lora.plots import federated_plot
+from collabalign.experiments.pshare_lora.problems.synthetic import (
+    ProblemConfig,
+    TrainConfig,
+    Truth,
+    evaluate,
+    fit_model,
+    generate,
+    model_for,
+)
 from collabalign.federation import SimulationResult, simulate
 from collabalign.federation.simulator import sample_clients
 from collabalign.lora import lora_layers
@@ -30,15 +39,6 @@ from collabalign.methods.pshare_lora.federated import (
     user_data,
 )
 from collabalign.methods.pshare_lora.local_trainer import LocalSteps, RoutedLoRA
-from collabalign.methods.pshare_lora.synthetic import (
-    ProblemConfig,
-    TrainConfig,
-    Truth,
-    evaluate,
-    fit_model,
-    generate,
-    model_for,
-)
 from collabalign.methods.pshare_lora.train import Prefs
 from collabalign.runs import Part, RunDir, cached_json, fingerprint
 from collabalign.seeding import Seeds

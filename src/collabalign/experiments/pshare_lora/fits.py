@@ -11,8 +11,14 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from collabalign.experiments.pshare_lora.config import Config
+from collabalign.experiments.pshare_lora.problems.synthetic import (
+    ProblemConfig,
+    TrainConfig,
+    evaluate,
+    fit_model,
+    generate,
+)
 from collabalign.experiments.pshare_lora.sweeps import problems
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig, TrainConfig, evaluate, fit_model, generate
 from collabalign.runs import RunDir, cached_json, fingerprint, read_cached
 from collabalign.seeding import Seeds
 

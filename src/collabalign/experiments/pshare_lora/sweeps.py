@@ -12,8 +12,8 @@ import numpy as np
 from collabalign.claims import equivalence, in_band, not_run, slopes, superiority
 from collabalign.experiments.pshare_lora.config import Config, SweepConfig
 from collabalign.experiments.pshare_lora.plots import sweep_plot
+from collabalign.experiments.pshare_lora.problems.synthetic import ProblemConfig
 from collabalign.methods.pshare_lora import LABELS
-from collabalign.methods.pshare_lora.synthetic import ProblemConfig
 from collabalign.runs import Part, RunDir
 
 PER_SEED = "log-log slope fitted per seed"

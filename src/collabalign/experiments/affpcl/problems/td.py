@@ -14,8 +14,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from collabalign.experiments.affpcl.problems.rl import categorical, perturbed, pooled_mean, stationary
 from collabalign.methods.affpcl.problem import sq_err
-from collabalign.methods.affpcl.rl import categorical, perturbed, pooled_mean, stationary
 
 
 class Transitions(NamedTuple):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from collabalign.methods.pshare_lora.synthetic import Truth, labelled
+from collabalign.experiments.pshare_lora.problems.synthetic import Truth, labelled
 from collabalign.methods.pshare_lora.train import Prefs
 
 
