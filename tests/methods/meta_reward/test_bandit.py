@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from collabalign.methods.meta_reward.bandit import (
+from collabalign.experiments.meta_reward.problems.bandit import (
     BanditSettings,
     BanditWorld,
     Rows,
@@ -20,7 +20,7 @@ from collabalign.methods.meta_reward.bandit import (
     split_eff,
     validation,
 )
-from collabalign.methods.meta_reward.bandit.baselines import dpo, fit_bt, hpl, ppo
+from collabalign.experiments.meta_reward.problems.bandit.baselines import dpo, fit_bt, hpl, ppo
 
 ST = BanditSettings(test_prompts=200, sft_steps=200, baseline_steps=150, test_steps=100, inner_steps=10)
 F64 = torch.float64

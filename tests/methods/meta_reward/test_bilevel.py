@@ -6,7 +6,7 @@ tabular policy (spec §3.4)."""
 import pytest
 import torch
 
-from collabalign.methods.meta_reward.bandit import paper_eq13
+from collabalign.experiments.meta_reward.problems.bandit import paper_eq13
 from collabalign.methods.meta_reward.bilevel import (
     finite_difference,
     hypergradient,

@@ -12,7 +12,7 @@ import torch
 from pydantic import Field, NonNegativeInt, PositiveFloat, model_validator
 
 from collabalign.config import Grid
-from collabalign.methods.meta_reward.bandit import (
+from collabalign.experiments.meta_reward.problems.bandit import (
     BanditSettings,
     BanditWorld,
     Rows,
@@ -26,7 +26,7 @@ from collabalign.methods.meta_reward.bandit import (
     split_eff,
     validation,
 )
-from collabalign.methods.meta_reward.bandit.baselines import dpo, fit_bt, hpl, ppo
+from collabalign.experiments.meta_reward.problems.bandit.baselines import dpo, fit_bt, hpl, ppo
 from collabalign.seeding import Seeds
 
 NO_BETA = ("SFT", "HPL")

@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from collabalign.experiments.meta_reward.bandit_methods import BanditConfig, Table
-from collabalign.methods.meta_reward.bandit import Rows
+from collabalign.experiments.meta_reward.problems.bandit import Rows
 
 
 def table_rows_index(rows: Rows, folds: list[int], sh: int, beta: float) -> list[int]:

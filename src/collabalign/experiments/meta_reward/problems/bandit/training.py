@@ -9,9 +9,15 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from collabalign.methods.meta_reward.bandit.metrics import validation
-from collabalign.methods.meta_reward.bandit.policy import Rows, log_weights, minibatch_counts, rwr, split_eff
-from collabalign.methods.meta_reward.bandit.world import DTYPE, BanditSettings, BanditWorld
+from collabalign.experiments.meta_reward.problems.bandit.metrics import validation
+from collabalign.experiments.meta_reward.problems.bandit.policy import (
+    Rows,
+    log_weights,
+    minibatch_counts,
+    rwr,
+    split_eff,
+)
+from collabalign.experiments.meta_reward.problems.bandit.world import DTYPE, BanditSettings, BanditWorld
 from collabalign.methods.meta_reward.bilevel import hypergradient, pl_loss, reward_weights
 
 

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor
 from torch.nn.functional import softplus
 
-from collabalign.methods.meta_reward.bandit.policy import Rows, joint_eff, log_probs, margins
-from collabalign.methods.meta_reward.bandit.world import DTYPE, BanditSettings, BanditWorld
+from collabalign.experiments.meta_reward.problems.bandit.policy import Rows, joint_eff, log_probs, margins
+from collabalign.experiments.meta_reward.problems.bandit.world import DTYPE, BanditSettings, BanditWorld
 
 
 def _pair_weights(world: BanditWorld, rows: Rows) -> Tensor:

@@ -17,11 +17,18 @@ each domain separately) (S, M, N, 2, K) = [θ_shared, θ_T] per domain. Either g
 s_h·θ_shared + θ_T, and π_θ(y|x) = softmax_y(f(x, y)ᵀ θ_eff).
 """
 
-from collabalign.methods.meta_reward.bandit.checks import check_hypergradient, paper_eq13
-from collabalign.methods.meta_reward.bandit.metrics import heldout_metrics, preference_accuracy, validation
-from collabalign.methods.meta_reward.bandit.policy import Rows, joint_eff, minibatch_counts, rwr, sft, split_eff
-from collabalign.methods.meta_reward.bandit.training import MetaTraining, meta_train
-from collabalign.methods.meta_reward.bandit.world import BanditSettings, BanditWorld, world_slice
+from collabalign.experiments.meta_reward.problems.bandit.checks import check_hypergradient, paper_eq13
+from collabalign.experiments.meta_reward.problems.bandit.metrics import heldout_metrics, preference_accuracy, validation
+from collabalign.experiments.meta_reward.problems.bandit.policy import (
+           Rows,
+           joint_eff,
+           minibatch_counts,
+           rwr,
+           sft,
+           split_eff,
+)
+from collabalign.experiments.meta_reward.problems.bandit.training import MetaTraining, meta_train
+from collabalign.experiments.meta_reward.problems.bandit.world import BanditSettings, BanditWorld, world_slice
 
 __all__ = ["BanditSettings", "BanditWorld", "MetaTraining", "Rows", "check_hypergradient", "heldout_metrics",
            "joint_eff", "meta_train", "minibatch_counts", "paper_eq13", "preference_accuracy", "rwr", "sft",

@@ -11,7 +11,13 @@ import torch
 from torch import Tensor
 from torch.nn.functional import log_softmax
 
-from collabalign.methods.meta_reward.bandit.world import DTYPE, BanditSettings, BanditWorld, FineTuning, PairSet
+from collabalign.experiments.meta_reward.problems.bandit.world import (
+    DTYPE,
+    BanditSettings,
+    BanditWorld,
+    FineTuning,
+    PairSet,
+)
 from collabalign.methods.meta_reward.bilevel import reward_weights
 
 LOG_WEIGHT_CAP = 200.0  # float64 guard on log w = r / β (w <= e^200); never reached at β >= 1 in this world

@@ -8,8 +8,8 @@ import torch
 from torch import Tensor
 from torch.nn.functional import softplus
 
-from collabalign.methods.meta_reward.bandit.policy import Rows, margins
-from collabalign.methods.meta_reward.bandit.world import DTYPE, BanditWorld, PairSet
+from collabalign.experiments.meta_reward.problems.bandit.policy import Rows, margins
+from collabalign.experiments.meta_reward.problems.bandit.world import DTYPE, BanditWorld, PairSet
 
 
 def preference_accuracy(pairs: PairSet, eff: Tensor, weights: Tensor | None = None) -> Tensor:

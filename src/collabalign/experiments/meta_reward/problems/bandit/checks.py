@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from collabalign.methods.meta_reward.bandit.training import MetaObjectives, inner_batches, outer_batch
-from collabalign.methods.meta_reward.bandit.world import DTYPE, BanditSettings, BanditWorld, world_slice
+from collabalign.experiments.meta_reward.problems.bandit.training import MetaObjectives, inner_batches, outer_batch
+from collabalign.experiments.meta_reward.problems.bandit.world import DTYPE, BanditSettings, BanditWorld, world_slice
 from collabalign.methods.meta_reward.bilevel import finite_difference, hypergradient
 
 
