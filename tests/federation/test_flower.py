@@ -5,7 +5,6 @@ from collabalign.comm import Message
 from collabalign.federation import simulate
 from collabalign.federation.engine import EngineOptions, ReplySpec
 from collabalign.federation.protocol import evaluate_per_client, mean_min_max
-from collabalign.methods.fedavg import FedAvg
 
 pytestmark = pytest.mark.flower
 pytest.importorskip("flwr")
@@ -61,30 +60,9 @@ def test_private_state_persists_across_rounds_and_is_evaluated_on_the_flower_nod
     assert flower.state == sim.state  # same counts and the same per-round client rng draws
     assert flower.metrics == sim.metrics
     assert [m["count"] for m in flower.metrics] == [0.0, 1.0, 2.0, 3.0]  # the nodes' private counts, combined
-    assert flower.ledger.rows == sim.ledger.rows
+    assert flower.ledger.rows == sim.ledger.rows and [t["round"] for t in flower.timing] == [1, 2, 3]
     assert all(c.state == {} for c in flower.clients.values())  # private state never leaves the nodes
 
-
-def test_fedavg_lora_reward_model_on_flower_equals_the_simulator():
-    from collabalign.models.backbones import tiny_llama
-
-    from ..methods.reward_setup import reward_problem
-
-    trainer, clients, _ = reward_problem(tiny_llama(hidden_size=32, num_layers=2, num_heads=4), ["q_proj", "v_proj"])
-    sim, flower = both(FedAvg(trainer), clients, fraction=2 / 3)
-    assert [m["round"] for m in flower.metrics] == [0, 1, 2, 3]
-    assert sim.metrics[-1]["loss"] < sim.metrics[0]["loss"]
-    for a, b in zip(sim.metrics, flower.metrics, strict=True):
-        assert a.keys() == b.keys()
-        assert b["accuracy"] == pytest.approx(a["accuracy"], abs=1e-5)
-        assert b["loss"] == pytest.approx(a["loss"], abs=1e-5)
-    for name in sim.state:
-        np.testing.assert_allclose(flower.state[name], sim.state[name], atol=1e-5)
-    assert flower.ledger.rows == sim.ledger.rows
-    assert len(flower.ledger.rows) == 3 * 2 * 2  # 2 of 3 clients sampled per round, one message each way
-    assert [t["round"] for t in flower.timing] == [1, 2, 3]
-    lora_bytes = sum(v.nbytes for v in sim.state.values())
-    assert all(b > lora_bytes for *_, b in flower.ledger.rows)  # every message carries the whole adapter + head
 
 
 class SlowGrid:

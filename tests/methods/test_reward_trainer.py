@@ -44,6 +44,18 @@ def test_local_only_reports_the_spread_over_clients(tiny_problem):
 
 
 @pytest.mark.real
+def test_fedavg_lora_samples_its_clients_and_each_message_carries_the_whole_adapter(tiny_problem):
+    """(On Flower's engines the same job is checked against this run: tests/federation/test_deployment.py on a
+    deployment, the Ray simulation with P-ShareLoRA in tests/methods/pshare_lora/test_federated.py.)"""
+    trainer, clients, _ = tiny_problem
+    result = simulate(FedAvg(trainer), clients, rounds=3, seed=11, fraction=2 / 3, progress=False)
+    assert [m["round"] for m in result.metrics] == [0, 1, 2, 3]
+    assert result.metrics[-1]["loss"] < result.metrics[0]["loss"]
+    assert len(result.ledger.rows) == 3 * 2 * 2  # 2 of 3 clients sampled per round, one message each way
+    lora_bytes = sum(v.nbytes for v in result.state.values())
+    assert all(b > lora_bytes for *_, b in result.ledger.rows)  # the whole adapter and head, each way
+
+
 def test_fedavg_lora_learns_the_synthetic_preference_with_minilm():
     trainer, clients, _ = reward_problem(minilm_l6(), ["query", "value"], n_pairs=160, lr=3e-3, epochs=2)
     result = simulate(FedAvg(trainer), clients, rounds=3, seed=0, progress=False)
