@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from collabalign.cli import CONFIG_DIR, load_config
+from collabalign.commands import CONFIG_DIR, load_config
 from collabalign.experiments.quickstart.comparison import federated_job
 from collabalign.federation import simulate
 from collabalign.federation.engine import EngineOptions, InProcess

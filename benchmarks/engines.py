@@ -22,7 +22,7 @@ import numpy as np
 from safetensors.numpy import load_file
 
 from collabalign import jobs
-from collabalign.cli import CONFIG_DIR
+from collabalign.commands import CONFIG_DIR
 from collabalign.deployment import deploy
 
 TINY = {  # small enough to time the engines rather than the model

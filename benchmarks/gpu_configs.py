@@ -25,7 +25,8 @@ from pathlib import Path
 
 import torch
 
-from collabalign.cli import CONFIG_DIR, main
+from collabalign.cli import main
+from collabalign.commands import CONFIG_DIR
 from collabalign.data.tldr import tldr_prompt
 from collabalign.experiments.fslora import glue
 from collabalign.experiments.pshare_lora import text as pshare_text

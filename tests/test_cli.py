@@ -6,8 +6,9 @@ import pytest
 from pydantic import TypeAdapter, ValidationError
 
 from collabalign import cli
-from collabalign.cli import CONFIG_DIR, main
+from collabalign.cli import main
 from collabalign.comm import MessageError
+from collabalign.commands import CONFIG_DIR
 from collabalign.config import ConfigError
 from collabalign.data import DataError
 
@@ -105,7 +106,7 @@ def test_a_genuine_bug_still_raises(monkeypatch):
 
 
 def test_every_name_list_prints_is_a_config_run_accepts(capsys):
-    from collabalign.cli import load_config, resolve_config
+    from collabalign.commands import load_config, resolve_config
     from collabalign.jobs import read_spec
 
     assert main(["list"]) == 0

@@ -6,7 +6,7 @@ import os
 import pytest
 import yaml
 
-from collabalign.cli import CONFIG_DIR, load_config
+from collabalign.commands import CONFIG_DIR, load_config
 from collabalign.config import ConfigError, read_yaml
 from collabalign.experiments import EXPERIMENTS
 

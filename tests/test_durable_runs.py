@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from collabalign.cli import config_path, main
+from collabalign.cli import main
+from collabalign.commands import config_path
 
 TINY = ["model.backbone=tiny-llama", "model.targets=[q_proj, v_proj]", "data.synthetic_pairs=96",
         "data.max_length=24", "split.clients=4", "split.min_pairs=4", "train.local_only_eval_every=4"]

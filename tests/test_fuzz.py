@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import BaseModel
 
-from collabalign.cli import CONFIG_DIR, load_config
 from collabalign.comm import Message, MessageError
+from collabalign.commands import CONFIG_DIR, load_config
 from collabalign.config import ConfigError, read_yaml, validate
 from collabalign.data import DataError, load_commonsense, load_glue, load_hh_rlhf, load_tldr
 from collabalign.data.amazon_reviews import read_reviews

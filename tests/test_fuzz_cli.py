@@ -15,8 +15,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from collabalign import cli
-from collabalign.cli import CONFIG_DIR
+from collabalign import cli, commands
+from collabalign.commands import CONFIG_DIR
 from collabalign.config import MAX_OVERRIDE_CHARS, read_yaml
 from collabalign.runs import RunDir
 from tests.test_fuzz import VALUES, fuzz
@@ -77,8 +77,8 @@ def place(tmp_path_factory) -> Iterator[Path]:
     (root / "foreign").mkdir()
     (root / "foreign" / "notes.txt").write_text("mine")
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cli, "_execute", lambda run, *args: run.path / "report.md")
-        mp.setattr(cli, "write_report", lambda path, title="": Path(path) / "report.md")
+        mp.setattr(commands, "_execute", lambda run, *args: run.path / "report.md")
+        mp.setattr(commands, "write_report", lambda path, title="": Path(path) / "report.md")
         mp.setattr("collabalign.runs.environment", lambda: {"versions": {}, "git": None})
         yield root
 

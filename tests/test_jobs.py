@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from collabalign import jobs
-from collabalign.cli import CONFIG_DIR, main
+from collabalign.cli import main
+from collabalign.commands import CONFIG_DIR
 from collabalign.config import ConfigError
 from collabalign.deployment import write_app
 from collabalign.registry import FEDERATED

@@ -14,7 +14,7 @@ LAYERS = {"comm": 0, "config": 0, "runs": 0, "claims": 0, "seeding": 0, "plottin
           "selection": 0, "lora": 1, "data": 1, "artifacts": 1, "models": 2, "federation": 2, "policy": 3,
           "baselines": 3, "methods": 4,
           "experiments": 5, "report": 6, "app": 6, "jobs": 6, "deployment": 6, "demo": 6,
-          "cli": 7}
+          "commands": 7, "cli": 7}
 SHARED_METHODS = {"fedavg", "reward_trainer", "policy_trainer", "drift"}  # methods/*.py modules every method builds on
 
 

@@ -7,7 +7,7 @@ import threading
 import pytest
 
 from collabalign import jobs, node
-from collabalign.cli import CONFIG_DIR
+from collabalign.commands import CONFIG_DIR
 from collabalign.config import ConfigError
 from collabalign.seeding import Seeds
 

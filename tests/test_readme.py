@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from collabalign.cli import config_dir, main, resolve_config
+from collabalign.cli import main
+from collabalign.commands import config_dir, resolve_config
 from collabalign.examples import write_examples
 from collabalign.experiments import EXPERIMENTS
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from collabalign.cli import CONFIG_DIR
+from collabalign.commands import CONFIG_DIR
 from collabalign.config import ConfigError
 from collabalign.data.formats import load_labelled
 from collabalign.jobs import read_spec

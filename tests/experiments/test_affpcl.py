@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from collabalign import claims
-from collabalign.cli import config_path, load_config, main
+from collabalign.cli import main
+from collabalign.commands import config_path, load_config
 from collabalign.experiments.affpcl import checks, communication, digits, fig1, fig6, reward, rl, sweeps, theory
 from collabalign.methods.affpcl import AffPCL, GaussianSystems, LocalAffPCL, LocalFedAvg
 from collabalign.seeding import Seeds

@@ -62,7 +62,8 @@ def test_a_pilot_scores_on_training_pairs_and_never_on_the_test_pairs(config, tm
 
 
 def test_main_and_gpu_configs_validate_and_the_gpu_config_runs_on_a_tiny_stand_in(tmp_path):
-    from collabalign.cli import CONFIG_DIR, load_config, main
+    from collabalign.cli import main
+    from collabalign.commands import CONFIG_DIR, load_config
     from collabalign.models.backbones import tiny_llama
 
     main_cfg = load_config(CONFIG_DIR / "fed_tune" / "main.yaml")[2]

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from collabalign.cli import CONFIG_DIR, main
+from collabalign.cli import main
+from collabalign.commands import CONFIG_DIR
 from collabalign.data.errors import DataError
 from collabalign.data.paths import shared_data_dir
 from collabalign.experiments.firm import lm

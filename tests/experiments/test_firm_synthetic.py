@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from collabalign import claims
-from collabalign.cli import config_path, load_config
+from collabalign.commands import config_path, load_config
 from collabalign.experiments import firm
 from collabalign.experiments.firm import momdp, quadratic, solver_checks, toy
 from collabalign.methods.firm.rules import Traffic

@@ -6,7 +6,8 @@ import shutil
 import pytest
 
 from collabalign.claims import VERDICTS
-from collabalign.cli import CONFIG_DIR, config_path, load_config, main
+from collabalign.cli import main
+from collabalign.commands import CONFIG_DIR, config_path, load_config
 from collabalign.experiments.fslora import ablations, e1_comparison, e6_timing, glue, theory, variants
 from collabalign.experiments.fslora.runner import Runner
 from collabalign.federation.engine import RoundFailed

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from collabalign.cli import CONFIG_DIR, load_config
+from collabalign.commands import CONFIG_DIR, load_config
 from collabalign.experiments.fslora import ablations
 from collabalign.experiments.fslora.ablations import EQUAL_BUDGET, EQUAL_BUDGET_MANY
 from collabalign.experiments.fslora.config import AblationConfig, Config, FederationConfig

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from collabalign.claims import VERDICTS
-from collabalign.cli import config_path, load_config, main
+from collabalign.cli import main
+from collabalign.commands import config_path, load_config
 from collabalign.data import shared_data_dir
 from collabalign.experiments.fslora import glue
 from collabalign.experiments.fslora.runner import Runner

@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from collabalign.cli import config_path, load_config, main
+from collabalign.cli import main
+from collabalign.commands import config_path, load_config
 from collabalign.experiments.fslora import glue
 from collabalign.experiments.fslora.runner import Runner
 from collabalign.models.backbones import tiny_llama

@@ -7,7 +7,8 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from collabalign.cli import CONFIG_DIR, main
+from collabalign.cli import main
+from collabalign.commands import CONFIG_DIR
 from collabalign.experiments.meta_reward import sentiment
 from collabalign.experiments.meta_reward.sentiment_config import SentimentConfig
 from tests.entry.helpers import write_jsonl

@@ -8,7 +8,8 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from collabalign.cli import CONFIG_DIR, main
+from collabalign.cli import main
+from collabalign.commands import CONFIG_DIR
 from collabalign.experiments.meta_reward import sentiment, sentiment_cell
 from collabalign.experiments.meta_reward.sentiment_config import SentimentConfig
 from tests.data.helpers import SHARED

@@ -7,7 +7,8 @@ import shutil
 
 import pytest
 
-from collabalign.cli import config_path, main
+from collabalign.cli import main
+from collabalign.commands import config_path
 
 TINY = ["model.backbone=tiny-llama", "model.targets=[q_proj, v_proj]", "data.synthetic_pairs=96",
         "data.max_length=24", "split.clients=4", "split.min_pairs=4", "train.rounds=2",
@@ -178,7 +179,7 @@ def test_a_bad_jsonl_config_or_row_is_named(overrides, message, tmp_path, capsys
 def test_the_reward_model_is_put_on_the_configured_device(no_shared_data):
     """`model.device` places the LoRA reward model (here PyTorch's shape-only "meta" device, as no GPU is here; the
     GPU run is benchmarks/gpu_configs.py's engine part)."""
-    from collabalign.cli import load_config
+    from collabalign.commands import load_config
     from collabalign.experiments.quickstart.comparison import prepare
 
     overrides = [o for o in TINY if not o.startswith("--")]

@@ -1,6 +1,7 @@
 """Shared by the reproduction tests: a quick config with toy overrides, run twice (determinism checks)."""
 
-from collabalign.cli import config_path, main
+from collabalign.cli import main
+from collabalign.commands import config_path
 
 
 def run_twice(tmp_path_factory, name: str, overrides: list[str]) -> list:

@@ -33,7 +33,7 @@ import pytest
 from safetensors.numpy import load_file
 
 from collabalign import jobs
-from collabalign.cli import CONFIG_DIR
+from collabalign.commands import CONFIG_DIR
 from collabalign.deployment import APP_TOML, write_app
 from collabalign.examples import agent_arrays, preference_rows
 from collabalign.federation import simulate

@@ -9,7 +9,8 @@ from types import ModuleType
 import pytest
 
 from collabalign.claims import Claim
-from collabalign.cli import config_path, main
+from collabalign.cli import main
+from collabalign.commands import config_path
 from collabalign.experiments.pshare_lora import Config, bandit, federated, ordering, sweeps, text
 from collabalign.experiments.pshare_lora import fits as fits_module
 from collabalign.experiments.pshare_lora.fits import fit, jobs
@@ -139,7 +140,7 @@ def test_gpu_tldr_config_validates_and_runs_on_a_tiny_llama(tmp_path):
     """The paper-scale TL;DR config with a tiny random Llama saved locally in place of Llama-3 8B, LoRA on q_proj /
     k_proj of every block (no cache), bfloat16 backbone, gradient checkpointing and micro-batches, on the CPU, on a
     TL;DR fixture in the hub's schema."""
-    from collabalign.cli import CONFIG_DIR
+    from collabalign.commands import CONFIG_DIR
     from collabalign.config import read_yaml, validate
     from collabalign.experiments.pshare_lora import Config
     from collabalign.models.backbones import tiny_llama

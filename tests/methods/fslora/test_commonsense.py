@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from collabalign.cli import CONFIG_DIR, main
+from collabalign.cli import main
+from collabalign.commands import CONFIG_DIR
 from collabalign.config import read_yaml, validate
 from collabalign.data import DataError
 from collabalign.data.commonsense import commonsense_prompt, extract_answer, load_commonsense, load_commonsense_test
