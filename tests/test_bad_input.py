@@ -15,7 +15,7 @@ import pytest
 
 from collabalign.cli import main
 from collabalign.config import MAX_CONFIG_BYTES, MAX_OVERRIDE_CHARS
-from collabalign.runs import locked_folder
+from collabalign.folders import locked_folder
 
 TINY = ["model.backbone=tiny-llama", "model.targets=[q_proj,v_proj]", "data.source=synthetic",
         "data.synthetic_pairs=96", "data.max_length=24", "split.clients=4", "split.min_pairs=4", "train.rounds=2"]
@@ -89,7 +89,7 @@ def test_an_unwritable_out_or_run_folder_is_one_line(tmp_path, capsys, monkeypat
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr("collabalign.runs.tempfile.TemporaryFile", refuse)  # root may write anywhere: stand in
+    monkeypatch.setattr("collabalign.folders.tempfile.TemporaryFile", refuse)  # root may write anywhere: stand in
     out = tmp_path / "run"
     assert "the run folder is not writable (Permission denied)" in one_line_error(run_args(out), capsys)
     assert snapshot(out) == {}
@@ -105,7 +105,7 @@ def test_a_second_run_or_resume_is_refused_while_the_first_holds_the_folder(tmp_
 
 def test_the_lock_of_a_killed_process_is_taken_over(tmp_path, capsys):
     out = tmp_path / "run"
-    code = ("import time; from pathlib import Path; from collabalign.runs import locked_folder\n"
+    code = ("import time; from pathlib import Path; from collabalign.folders import locked_folder\n"
             f"with locked_folder(Path({str(out)!r})):\n    print('held', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline() == "held\n"

@@ -22,7 +22,7 @@ import collabalign.policy.saved  # imported before `no_model` patches what they 
 from collabalign import cli, jobs
 from collabalign.artifacts import Adapter, Result
 from collabalign.examples import write_examples
-from collabalign.runs import OWNER_FILE
+from collabalign.folders import OWNER_FILE
 from tests.entry.helpers import write_jsonl
 
 TINY = ["model=tiny-llama", "epochs=1"]

@@ -1,4 +1,4 @@
-"""The one folder rule (`runs.claimed_folder`) every writing command goes through: which folders each command may
+"""The one folder rule (`folders.claimed_folder`) every writing command goes through: which folders each command may
 write into, what it records there, and what a failed command leaves behind."""
 
 import json
@@ -7,7 +7,8 @@ import pytest
 import yaml
 
 from collabalign.config import ConfigError
-from collabalign.runs import OWNER_FILE, RunDir, claimed_folder, fingerprint
+from collabalign.folders import OWNER_FILE, claimed_folder
+from collabalign.runs import RunDir, fingerprint
 
 
 def owner(folder):

@@ -10,7 +10,7 @@ import pytest
 SRC = Path(__file__).resolve().parents[1] / "src" / "collabalign"
 # lower number = lower layer; a module may import its own layer or below
 LAYERS = {"comm": 0, "config": 0, "runs": 0, "claims": 0, "seeding": 0, "plotting": 0, "fits": 0, "examples": 0,
-          "registry": 0,
+          "registry": 0, "folders": 0,
           "selection": 0, "lora": 1, "data": 1, "artifacts": 1, "models": 2, "federation": 2, "policy": 3,
           "baselines": 3, "methods": 4,
           "experiments": 5, "report": 6, "app": 6, "jobs": 6, "deployment": 6, "demo": 6,

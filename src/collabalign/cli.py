@@ -31,9 +31,9 @@ from collabalign.config import cut, short
 from collabalign.deployment import MAX_NODES
 from collabalign.experiments import EXPERIMENTS
 from collabalign.federation.engine import RoundFailed
+from collabalign.folders import claimed_folder
 from collabalign.registry import METHODS
 from collabalign.report import summarise_reports
-from collabalign.runs import claimed_folder
 
 MAX_NEW_TOKENS = 4096  # `generate --max-new-tokens`
 

@@ -30,9 +30,10 @@ from collabalign.data.errors import DataError, PromptError
 from collabalign.experiments import EXPERIMENTS
 from collabalign.federation.checkpoint import CheckpointError
 from collabalign.federation.engine import RoundFailed
+from collabalign.folders import claimed_folder
 from collabalign.registry import METHODS
 from collabalign.report import summarise_reports, write_report
-from collabalign.runs import RunDir, claimed_folder, fingerprint
+from collabalign.runs import RunDir, fingerprint
 
 CONFIG_DIR = Path(__file__).parent / "configs"
 # one line and exit code 2, never a traceback
@@ -84,7 +85,7 @@ def run_config(path: Path, overrides: list[str], out: Path | None, progress: boo
 
     A folder that already holds this config continues it (finished simulations and cached parts are read back);
     one holding a run of another config is refused unless `force`, which also drops its stale checkpoints; one
-    holding anything else is refused (`runs.claimed_folder`)."""
+    holding anything else is refused (`folders.claimed_folder`)."""
     path = resolve_config(path)
     name, module, cfg, smoke = load_config(path, overrides)
     check_devices(cfg)
@@ -179,7 +180,7 @@ def config_path(name: str, quick: bool) -> Path:
 
 def train(method: str, data: Path, config: Path | None, overrides: list[str], out: Path, progress: bool) -> Path:
     """Trains `method` through its entry point on a data file (config from a YAML file and/or overrides) and saves
-    the result in `out`, a new or empty folder held for the whole run (`runs.claimed_folder`): a failed run leaves it
+    the result in `out`, a new or empty folder held for the whole run (`folders.claimed_folder`): a failed run leaves it
     as it was. Returns the manifest's path."""
     if method not in METHODS:
         raise ConfigError(f"unknown method {short(method)}; known: {', '.join(METHODS)}")

@@ -18,7 +18,8 @@ from collabalign import jobs
 from collabalign.artifacts import read_manifest
 from collabalign.config import ConfigError
 from collabalign.federation.deploy import LoopbackDeployment, flower_path, kill_tree
-from collabalign.runs import RunDir, atomic_write_text, claimed_folder, fingerprint
+from collabalign.folders import claimed_folder
+from collabalign.runs import RunDir, atomic_write_text, fingerprint
 
 APP_TOML = """[build-system]
 requires = ["setuptools"]
@@ -59,7 +60,7 @@ def deploy(config: Path, overrides: list[str], nodes: int, out: Path, progress: 
            isolation: str = "subprocess") -> Path:
     """Runs the job of the deployment config on `nodes` loopback SuperNodes (node I declaring `node_settings[I]` in
     its node config; ClientApps in Flower's `isolation` mode) in the run folder `out` (new, or a deployment of the
-    same job to continue: `runs.claimed_folder`); returns the run folder's report. The config, the node settings and
+    same job to continue: `folders.claimed_folder`); returns the run folder's report. The config, the node settings and
     the folder are checked before any model loads or process starts."""
     if not 1 <= nodes <= MAX_NODES:
         raise ConfigError(f"--nodes {nodes}: must be in 1..{MAX_NODES}")
