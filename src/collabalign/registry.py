@@ -1,6 +1,6 @@
-"""Every method a user can train, in one place: `collabalign train`, the deployment configs (`jobs.py`), the demo,
-the tests and the docs' method table are built from `METHODS`, so a new method is added here once. Names only (module
-paths as strings): reading it loads no method."""
+"""Every method a user can train, in one place: `collabalign train`, the deployment configs (`jobs.py`), the CLI
+tests and the docs' method table are built from `METHODS`, so a new method is added here once (the demo keeps its own
+part per paper). Names only (module paths as strings): reading it loads no method."""
 
 from __future__ import annotations
 
